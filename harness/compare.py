@@ -1,0 +1,536 @@
+"""Token equality between a CPU reference trace and a device trace.
+
+Greedy tokens from a device must equal the reference's, position by position.
+The only accepted difference is a documented near-tie, and it is reported as
+such, never hidden.
+
+Near-tie rule (``NearTiePolicy``). Let ``N`` be the first output position where
+the reference token ``r`` and the device token ``d`` differ, ``p_ref`` the
+reference's distribution at ``N`` and ``p_dev`` the device's. The divergence is
+a near-tie iff all of the following hold:
+
+* ``d`` is within the reference's top ``top_k`` at ``N`` (1-based rank
+  ``<= top_k`` among the recorded ``top_logprobs``);
+* ``r`` is within the device's top ``top_k`` at ``N``;
+* ``|p_ref(r) - p_ref(d)| <= prob_tol`` (probabilities, not logprobs);
+* ``|p_dev(d) - p_dev(r)| <= prob_tol``.
+
+A token missing from the recorded ``top_logprobs`` counts as outside the top-k,
+so a trace that recorded fewer than ``top_k`` alternatives can only be stricter.
+NaN probabilities never satisfy the gap conditions.
+
+After a divergence the two continuations condition on different tokens, so
+positions after ``N`` are not compared, whatever the verdict; results say so.
+Positions are 0-based indices into the generated tokens (prompt excluded).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from harness.trace import RequestTrace, TokenStep, Trace
+
+# How many tokens before the divergence a report shows.
+CONTEXT_TOKENS = 8
+# How many characters of prompt text a report shows.
+PROMPT_CHARS = 120
+# Absorbs exp/log rounding so a gap exactly at prob_tol is accepted.
+_GAP_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class NearTiePolicy:
+    """When a first divergence is accepted as a near-tie (see module docstring)."""
+
+    top_k: int = 5
+    prob_tol: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not 0.0 <= self.prob_tol <= 1.0:
+            raise ValueError(f"prob_tol must be in [0, 1], got {self.prob_tol}")
+
+    def describe(self) -> str:
+        """The policy values as shown in reports."""
+        return f"top_k={self.top_k}, prob_tol={self.prob_tol:g}"
+
+
+class Verdict(Enum):
+    """Outcome of comparing one request."""
+
+    EXACT = "exact"
+    NEAR_TIE = "near-tie"
+    MISMATCH = "mismatch"
+    LENGTH_MISMATCH = "length mismatch"
+    MISSING = "missing"
+    PROMPT_MISMATCH = "prompt mismatch"
+
+
+def _exp(logprob: float | None) -> float | None:
+    return None if logprob is None else math.exp(logprob)
+
+
+@dataclass
+class TokenDiff:
+    """The comparison of one request's generated tokens.
+
+    ``position`` is the first output position that differs (for
+    ``LENGTH_MISMATCH``: the first position only one side produced); it is None
+    for ``EXACT``, ``MISSING`` and ``PROMPT_MISMATCH``. Token fields describe
+    that position; a logprob or rank is None when the token is not among the
+    recorded ``top_logprobs`` of that side (or that side has no token there).
+    ``preceding_token_ids`` are the generated tokens before ``position``,
+    identical on both sides.
+    """
+
+    request_id: str
+    verdict: Verdict
+    position: int | None = None
+    num_compared: int = 0
+    ref_token_id: int | None = None
+    dev_token_id: int | None = None
+    # Each token's log-probability in its own side's distribution.
+    ref_logprob: float | None = None
+    dev_logprob: float | None = None
+    # Each token's log-probability and rank in the other side's distribution.
+    ref_logprob_in_dev: float | None = None
+    dev_logprob_in_ref: float | None = None
+    ref_rank_in_dev: int | None = None
+    dev_rank_in_ref: int | None = None
+    # How many alternatives each side recorded at ``position``.
+    ref_top_n: int = 0
+    dev_top_n: int = 0
+    preceding_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    ref_num_tokens: int = 0
+    dev_num_tokens: int | None = None
+    ref_finish_reason: str | None = None
+    dev_finish_reason: str | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True iff the device output is accepted (exact or near-tie)."""
+        return self.verdict in (Verdict.EXACT, Verdict.NEAR_TIE)
+
+    @property
+    def ref_prob(self) -> float | None:
+        """p_ref(ref token)."""
+        return _exp(self.ref_logprob)
+
+    @property
+    def dev_prob(self) -> float | None:
+        """p_dev(dev token)."""
+        return _exp(self.dev_logprob)
+
+    @property
+    def ref_prob_in_dev(self) -> float | None:
+        """p_dev(ref token)."""
+        return _exp(self.ref_logprob_in_dev)
+
+    @property
+    def dev_prob_in_ref(self) -> float | None:
+        """p_ref(dev token)."""
+        return _exp(self.dev_logprob_in_ref)
+
+    @property
+    def ref_gap(self) -> float | None:
+        """|p_ref(ref token) - p_ref(dev token)|, when both are known."""
+        a, b = self.ref_prob, self.dev_prob_in_ref
+        return None if a is None or b is None else abs(a - b)
+
+    @property
+    def dev_gap(self) -> float | None:
+        """|p_dev(dev token) - p_dev(ref token)|, when both are known."""
+        a, b = self.dev_prob, self.ref_prob_in_dev
+        return None if a is None or b is None else abs(a - b)
+
+
+def _own_logprob(step: TokenStep) -> float:
+    # Read from top_logprobs so both tokens' probabilities come from the same table.
+    return step.top_logprobs.get(step.token_id, step.logprob)
+
+
+def _near_tie_failures(
+    ref_step: TokenStep, dev_step: TokenStep, policy: NearTiePolicy
+) -> list[str]:
+    """Reasons the divergence at this position is not a near-tie; empty if it is."""
+    r, d = ref_step.token_id, dev_step.token_id
+    k = policy.top_k
+    reasons = []
+    dev_rank_in_ref = ref_step.rank_of(d)
+    if dev_rank_in_ref is None or dev_rank_in_ref > k:
+        reasons.append(f"device token not in reference top-{k}")
+    ref_rank_in_dev = dev_step.rank_of(r)
+    if ref_rank_in_dev is None or ref_rank_in_dev > k:
+        reasons.append(f"reference token not in device top-{k}")
+    p_ref_r, p_ref_d = math.exp(_own_logprob(ref_step)), ref_step.prob_of(d)
+    if p_ref_d is not None:
+        gap = abs(p_ref_r - p_ref_d)
+        if not gap <= policy.prob_tol + _GAP_EPS:
+            reasons.append(
+                f"gap in reference distribution {_fmt_p(gap)} > {policy.prob_tol:g}"
+            )
+    p_dev_d, p_dev_r = math.exp(_own_logprob(dev_step)), dev_step.prob_of(r)
+    if p_dev_r is not None:
+        gap = abs(p_dev_d - p_dev_r)
+        if not gap <= policy.prob_tol + _GAP_EPS:
+            reasons.append(
+                f"gap in device distribution {_fmt_p(gap)} > {policy.prob_tol:g}"
+            )
+    return reasons
+
+
+def compare_request(
+    ref: RequestTrace, dev: RequestTrace, policy: NearTiePolicy = NearTiePolicy()
+) -> TokenDiff:
+    """Compare one request's generated tokens; see the module docstring for rules."""
+    base = {
+        "request_id": ref.request_id,
+        "prompt_token_ids": list(ref.prompt_token_ids),
+        "ref_num_tokens": len(ref.steps),
+        "dev_num_tokens": len(dev.steps),
+        "ref_finish_reason": ref.finish_reason,
+        "dev_finish_reason": dev.finish_reason,
+    }
+    # Outputs of different inputs say nothing about the device; an empty side means
+    # the target did not record its prompt ids, which is not evidence of a difference.
+    if (
+        ref.prompt_token_ids
+        and dev.prompt_token_ids
+        and ref.prompt_token_ids != dev.prompt_token_ids
+    ):
+        first = next(
+            (
+                i
+                for i, (a, b) in enumerate(
+                    zip(ref.prompt_token_ids, dev.prompt_token_ids, strict=False)
+                )
+                if a != b
+            ),
+            min(len(ref.prompt_token_ids), len(dev.prompt_token_ids)),
+        )
+        return TokenDiff(
+            verdict=Verdict.PROMPT_MISMATCH,
+            detail=(
+                f"prompt token ids differ (reference {len(ref.prompt_token_ids)} "
+                f"tokens, device {len(dev.prompt_token_ids)} tokens, first "
+                f"difference at prompt position {first}); outputs not compared"
+            ),
+            **base,
+        )
+
+    ref_ids, dev_ids = ref.token_ids, dev.token_ids
+    common = min(len(ref_ids), len(dev_ids))
+    pos = next((i for i in range(common) if ref_ids[i] != dev_ids[i]), None)
+
+    if pos is None:
+        if len(ref_ids) == len(dev_ids):
+            return TokenDiff(verdict=Verdict.EXACT, num_compared=common, **base)
+        longer = ref if len(ref_ids) > len(dev_ids) else dev
+        step = longer.steps[common]
+        side = "reference" if longer is ref else "device"
+        return TokenDiff(
+            verdict=Verdict.LENGTH_MISMATCH,
+            position=common,
+            num_compared=common,
+            ref_token_id=step.token_id if longer is ref else None,
+            dev_token_id=step.token_id if longer is dev else None,
+            ref_logprob=_own_logprob(step) if longer is ref else None,
+            dev_logprob=_own_logprob(step) if longer is dev else None,
+            ref_top_n=len(step.top_logprobs) if longer is ref else 0,
+            dev_top_n=len(step.top_logprobs) if longer is dev else 0,
+            preceding_token_ids=ref_ids[:common],
+            detail=(
+                f"all {common} common positions equal, but only the {side} "
+                f"continues at position {common}"
+            ),
+            **base,
+        )
+
+    r_step, d_step = ref.steps[pos], dev.steps[pos]
+    reasons = _near_tie_failures(r_step, d_step, policy)
+    near_tie = not reasons
+    return TokenDiff(
+        verdict=Verdict.NEAR_TIE if near_tie else Verdict.MISMATCH,
+        position=pos,
+        num_compared=pos + 1,
+        ref_token_id=r_step.token_id,
+        dev_token_id=d_step.token_id,
+        ref_logprob=_own_logprob(r_step),
+        dev_logprob=_own_logprob(d_step),
+        ref_logprob_in_dev=d_step.top_logprobs.get(r_step.token_id),
+        dev_logprob_in_ref=r_step.top_logprobs.get(d_step.token_id),
+        ref_rank_in_dev=d_step.rank_of(r_step.token_id),
+        dev_rank_in_ref=r_step.rank_of(d_step.token_id),
+        ref_top_n=len(r_step.top_logprobs),
+        dev_top_n=len(d_step.top_logprobs),
+        preceding_token_ids=ref_ids[:pos],
+        detail=(
+            f"within near-tie policy ({policy.describe()})"
+            if near_tie
+            else f"not a near-tie ({policy.describe()}): " + "; ".join(reasons)
+        ),
+        **base,
+    )
+
+
+def _fmt_p(p: float | None) -> str:
+    if p is None:
+        return "?"
+    return f"{p:.4f}" if p == 0 or p >= 1e-4 else f"{p:.2e}"
+
+
+def _fmt_lp(lp: float | None) -> str:
+    return "?" if lp is None else f"{lp:.4f}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word if n == 1 else word + 's'}"
+
+
+@dataclass
+class TraceComparison:
+    """All per-request comparisons of a device trace against a reference trace.
+
+    ``diffs`` follow the reference's request order. ``extra_request_ids`` are
+    requests only the device produced; they are reported but do not fail.
+    """
+
+    ref_target: str
+    dev_target: str
+    policy: NearTiePolicy
+    diffs: list[TokenDiff]
+    extra_request_ids: list[str] = field(default_factory=list)
+    decode: Callable[[list[int]], str] | None = None
+    prompts: dict[str, str] | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True iff every reference request is exact or a near-tie."""
+        return all(d.ok for d in self.diffs)
+
+    @property
+    def near_ties(self) -> list[TokenDiff]:
+        """Requests accepted only as near-ties."""
+        return [d for d in self.diffs if d.verdict is Verdict.NEAR_TIE]
+
+    @property
+    def failures(self) -> list[TokenDiff]:
+        """Requests that are neither exact nor near-ties."""
+        return [d for d in self.diffs if not d.ok]
+
+    def summary(self) -> str:
+        """One line, e.g. ``12 requests: 11 exact, 1 near-tie, 0 mismatched``."""
+        exact = sum(d.verdict is Verdict.EXACT for d in self.diffs)
+        line = (
+            f"{_plural(len(self.diffs), 'request')}: {exact} exact, "
+            f"{_plural(len(self.near_ties), 'near-tie')}, "
+            f"{len(self.failures)} mismatched"
+        )
+        kinds = [
+            (Verdict.MISMATCH, "token"),
+            (Verdict.LENGTH_MISMATCH, "length"),
+            (Verdict.MISSING, "missing"),
+            (Verdict.PROMPT_MISMATCH, "prompt"),
+        ]
+        counts = [(sum(d.verdict is v for d in self.diffs), name) for v, name in kinds]
+        if any(n and name != "token" for n, name in counts):
+            line += " (" + ", ".join(f"{n} {name}" for n, name in counts if n) + ")"
+        return line
+
+    def report(self) -> str:
+        """Multi-line text: one block per failure, then per near-tie, then the summary.
+
+        Failure blocks start with ``token mismatch:`` and near-tie blocks with
+        ``near-tie accepted:``, so the first line categorises the whole report.
+        """
+        blocks = [self._render(d) for d in self.failures]
+        blocks += [self._render(d) for d in self.near_ties]
+        if self.extra_request_ids:
+            blocks.append(
+                f"device {self.dev_target} returned requests absent from the "
+                f"reference: {', '.join(map(repr, self.extra_request_ids))}"
+            )
+        blocks.append(
+            f"{self.dev_target} vs {self.ref_target} reference: {self.summary()}"
+        )
+        return "\n".join(blocks)
+
+    def _text(self, ids: list[int]) -> str:
+        """`` <repr of decoded text>`` with a leading space, or "" without a decoder."""
+        if self.decode is None:
+            return ""
+        # A broken decoder must not hide the failure being reported.
+        try:
+            return " " + repr(self.decode(ids))
+        except Exception as exc:  # noqa: BLE001
+            return f" <decode failed: {exc!r}>"
+
+    def _prompt_line(self, d: TokenDiff) -> str:
+        n = len(d.prompt_token_ids)
+        text: str | None = None
+        if self.prompts is not None and d.request_id in self.prompts:
+            text = self.prompts[d.request_id]
+        elif self.decode is not None and d.prompt_token_ids:
+            # Fall back to ids rather than lose the report to a broken decoder.
+            try:
+                text = self.decode(d.prompt_token_ids)
+            except Exception:  # noqa: BLE001
+                text = None
+        if text is None:
+            head = d.prompt_token_ids[:16]
+            more = " ..." if n > len(head) else ""
+            return f"  prompt ({_plural(n, 'token')}): ids {head}{more}"
+        shown = repr(text[:PROMPT_CHARS]) + (" ..." if len(text) > PROMPT_CHARS else "")
+        return f"  prompt ({_plural(n, 'token')}): {shown}"
+
+    def _token_line(
+        self,
+        label: str,
+        token: int | None,
+        logprob: float | None,
+        other: str,
+        rank_in_other: int | None,
+        logprob_in_other: float | None,
+        other_top_n: int,
+    ) -> str:
+        if token is None:
+            return f"  {label}: no token at this position"
+        line = (
+            f"  {label}: token {token}{self._text([token])} "
+            f"logprob {_fmt_lp(logprob)} (p={_fmt_p(_exp(logprob))})"
+        )
+        if other_top_n:
+            if rank_in_other is None:
+                line += (
+                    f"; in {other} distribution: not in its recorded top-{other_top_n}"
+                )
+            else:
+                line += (
+                    f"; in {other} distribution: rank {rank_in_other}, "
+                    f"logprob {_fmt_lp(logprob_in_other)} "
+                    f"(p={_fmt_p(_exp(logprob_in_other))})"
+                )
+        return line
+
+    def _context_line(self, d: TokenDiff) -> str:
+        pre = d.preceding_token_ids
+        if not pre:
+            return "  preceding tokens: none (divergence at the first generated token)"
+        last = pre[-CONTEXT_TOKENS:]
+        return (
+            f"  last {len(last)} of {len(pre)} preceding tokens: "
+            f"ids {last}{self._text(last)}"
+        )
+
+    def _render(self, d: TokenDiff) -> str:
+        rid = repr(d.request_id)
+        ref_label = f"reference ({self.ref_target})"
+        dev_label = f"device ({self.dev_target})"
+        if d.verdict is Verdict.MISSING:
+            head = (
+                f"token mismatch: request {rid} missing from {self.dev_target} "
+                f"output (reference generated {_plural(d.ref_num_tokens, 'token')})"
+            )
+            return "\n".join([head, self._prompt_line(d)])
+        if d.verdict is Verdict.PROMPT_MISMATCH:
+            return "\n".join(
+                [f"token mismatch: request {rid}: {d.detail}", self._prompt_line(d)]
+            )
+        if d.verdict is Verdict.LENGTH_MISMATCH:
+            head = (
+                f"token mismatch: request {rid} length differs: reference "
+                f"{_plural(d.ref_num_tokens, 'token')} (finish {d.ref_finish_reason}), "
+                f"device {_plural(d.dev_num_tokens or 0, 'token')} "
+                f"(finish {d.dev_finish_reason}); {d.detail}"
+            )
+        elif d.verdict is Verdict.NEAR_TIE:
+            head = (
+                f"near-tie accepted: request {rid} at position {d.position} "
+                f"({self.policy.describe()}); positions after {d.position} not compared"
+            )
+        else:
+            head = (
+                f"token mismatch: request {rid} at position {d.position} "
+                f"({_plural(d.position or 0, 'position')} equal before it); "
+                f"positions after {d.position} not compared"
+            )
+        lines = [
+            head,
+            self._prompt_line(d),
+            self._token_line(
+                ref_label,
+                d.ref_token_id,
+                d.ref_logprob,
+                "device",
+                d.ref_rank_in_dev,
+                d.ref_logprob_in_dev,
+                d.dev_top_n,
+            ),
+            self._token_line(
+                dev_label,
+                d.dev_token_id,
+                d.dev_logprob,
+                "reference",
+                d.dev_rank_in_ref,
+                d.dev_logprob_in_ref,
+                d.ref_top_n,
+            ),
+        ]
+        if d.verdict in (Verdict.MISMATCH, Verdict.NEAR_TIE):
+            lines.append(
+                f"  probability gaps: in reference {_fmt_p(d.ref_gap)}, "
+                f"in device {_fmt_p(d.dev_gap)} (tolerance {self.policy.prob_tol:g})"
+            )
+        if d.verdict is Verdict.MISMATCH:
+            lines.append(f"  {d.detail}")
+        lines.append(self._context_line(d))
+        return "\n".join(lines)
+
+
+def compare_traces(
+    ref: Trace,
+    dev: Trace,
+    policy: NearTiePolicy = NearTiePolicy(),
+    decode: Callable[[list[int]], str] | None = None,
+    prompts: dict[str, str] | None = None,
+) -> TraceComparison:
+    """Compare every reference request with the device's request of the same id.
+
+    ``decode`` turns token ids into text and ``prompts`` maps request id to
+    prompt text; both only affect ``report()``.
+    """
+    diffs = []
+    for rid, r in ref.requests.items():
+        d = dev.requests.get(rid)
+        if d is None:
+            diffs.append(
+                TokenDiff(
+                    request_id=rid,
+                    verdict=Verdict.MISSING,
+                    prompt_token_ids=list(r.prompt_token_ids),
+                    ref_num_tokens=len(r.steps),
+                    ref_finish_reason=r.finish_reason,
+                    detail=f"no output from {dev.target}",
+                )
+            )
+        else:
+            diff = compare_request(r, d, policy)
+            # The mapping key is what paired the two requests, so it names the result.
+            diff.request_id = rid
+            diffs.append(diff)
+    extra = [rid for rid in dev.requests if rid not in ref.requests]
+    return TraceComparison(
+        ref_target=ref.target,
+        dev_target=dev.target,
+        policy=policy,
+        diffs=diffs,
+        extra_request_ids=extra,
+        decode=decode,
+        prompts=prompts,
+    )

@@ -1,0 +1,244 @@
+"""EngineHost: one real vLLM engine in its own process, driven over a socket.
+
+Why a process per engine configuration: vLLM picks its platform (CPU or a
+plugin such as vllm-spyre) once per process from the environment, so the
+vllm-cpu and spyre targets cannot share a process. A process also isolates a
+crashed or hung engine from the pytest session, and lets the harness set the
+engine's environment before vLLM is imported, without touching its own.
+
+The engine process inherits the caller's environment (PYTHONPATH included, so
+a lab's instrumentation wrapper stays in force) with the target's variables
+laid on top. Its stdout and stderr go to a log file whose tail is attached to
+every error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from harness.engine_config import EngineConfig
+
+log = logging.getLogger("harness.engine")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOG_TAIL_LINES = 60
+
+
+class EngineError(RuntimeError):
+    """An engine failed; the message says which, why, and ends with its log tail."""
+
+    category = "harness error"
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        full = (
+            message
+            if not log_tail
+            else f"{message}\n--- engine log tail ---\n{log_tail}"
+        )
+        super().__init__(full)
+
+
+class EngineStartError(EngineError):
+    category = "engine start failed"
+
+
+class EngineCrashed(EngineError):
+    category = "engine crashed"
+
+
+class EngineTimeout(EngineError):
+    category = "timeout"
+
+
+class EngineRequestError(EngineError):
+    """The engine refused or failed one call but is still alive."""
+
+    category = "engine error"
+
+
+def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ('' when absent)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+class EngineHost:
+    """A live engine process for one EngineConfig.
+
+    ``call(op, payload)`` sends one command and returns its result, raising an
+    EngineError subclass on refusal, crash or timeout.
+    """
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        env: dict[str, str],
+        llm_kwargs: dict[str, Any],
+        log_dir: Path,
+        start_timeout: float = 600.0,
+    ) -> None:
+        self.cfg = cfg
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        safe = cfg.key.replace(":", "-")
+        self.log_path = log_dir / f"{safe}-{os.getpid()}.log"
+        self._sockdir = tempfile.TemporaryDirectory(prefix="hil-eng-")
+        address = os.path.join(self._sockdir.name, "engine.sock")
+        authkey = secrets.token_bytes(16)
+        self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
+
+        child_env = dict(os.environ)
+        child_env.update(env)
+        # Prepend, never replace: the lab's PYTHONPATH must survive.
+        parts = [str(REPO_ROOT)] + [
+            p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p
+        ]
+        child_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+        child_env["HIL_ENGINE_AUTHKEY"] = authkey.hex()
+
+        self._logfile = open(self.log_path, "ab")
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.engine_process", address],
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._logfile,
+            stderr=subprocess.STDOUT,
+            cwd=str(REPO_ROOT),
+        )
+        self.conn: Connection | None = None
+        try:
+            self.conn = self._accept(start_timeout)
+            self.conn.send(
+                ("start", {"config": cfg.to_dict(), "llm_kwargs": llm_kwargs})
+            )
+            self.info: dict[str, Any] = self._receive(start_timeout, starting=True)
+        except BaseException:
+            self.close()
+            raise
+        self.start_seconds = time.monotonic() - started
+        log.info(
+            "engine started: %s in %.1f s (log %s)",
+            cfg.label,
+            self.start_seconds,
+            self.log_path,
+        )
+
+    def _accept(self, timeout: float) -> Connection:
+        # Listener.accept has no timeout; poll the child while waiting.
+        import select
+
+        sock = self._listener._listener._socket  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        while True:
+            ready, _, _ = select.select([sock], [], [], 0.5)
+            if ready:
+                return self._listener.accept()
+            if self.proc.poll() is not None:
+                raise EngineStartError(
+                    f"engine process for {self.cfg.label} exited with code {self.proc.returncode}"
+                    " before connecting",
+                    read_tail(self.log_path),
+                )
+            if time.monotonic() > deadline:
+                raise EngineTimeout(
+                    f"engine process for {self.cfg.label} did not connect within {timeout:.0f} s",
+                    read_tail(self.log_path),
+                )
+
+    def _receive(self, timeout: float, starting: bool = False) -> Any:
+        assert self.conn is not None
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(0.5):
+            if self.proc.poll() is not None:
+                cls = EngineStartError if starting else EngineCrashed
+                raise cls(
+                    f"engine {self.cfg.label} died with exit code {self.proc.returncode}"
+                    f" {'while starting' if starting else 'during a call'}",
+                    read_tail(self.log_path),
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise EngineTimeout(
+                    f"engine {self.cfg.label} gave no answer within {timeout:.0f} s; killed it",
+                    read_tail(self.log_path),
+                )
+        try:
+            status, result = self.conn.recv()
+        except (EOFError, ConnectionError) as e:
+            self.proc.wait(timeout=30)
+            cls = EngineStartError if starting else EngineCrashed
+            raise cls(
+                f"engine {self.cfg.label} closed its connection ({e!r}), exit code"
+                f" {self.proc.returncode}",
+                read_tail(self.log_path),
+            ) from None
+        if status == "ok":
+            return result
+        cls = EngineStartError if starting else EngineRequestError
+        raise cls(
+            f"engine {self.cfg.label} raised {result['type']}: {result['message']}",
+            result.get("traceback", ""),
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.conn is not None and self.proc.poll() is None
+
+    def call(self, op: str, payload: Any = None, timeout: float = 900.0) -> Any:
+        """Run one command in the engine process and return its result."""
+        if not self.alive:
+            raise EngineCrashed(
+                f"engine {self.cfg.label} is not running (exit code {self.proc.returncode})",
+                read_tail(self.log_path),
+            )
+        assert self.conn is not None
+        try:
+            self.conn.send((op, payload))
+        except (BrokenPipeError, ConnectionError, OSError) as e:
+            raise EngineCrashed(
+                f"engine {self.cfg.label} connection broken ({e!r})",
+                read_tail(self.log_path),
+            ) from None
+        return self._receive(timeout)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return read_tail(self.log_path, lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        """Stop the engine process (politely first) and release its resources."""
+        if self.conn is not None and self.proc.poll() is None:
+            try:
+                self.conn.send(("shutdown", None))
+                self.proc.wait(timeout=20)
+            except Exception:
+                pass
+        self.kill()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        self._listener.close()
+        self._logfile.close()
+        self._sockdir.cleanup()

@@ -1,0 +1,1 @@
+"""The pytest plugin: options and hooks in hooks.py, fixtures in fixtures.py."""

@@ -1,0 +1,65 @@
+"""pytest fixtures: the session facade, the target variant, the model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.compare import NearTiePolicy
+from harness.session import HilSession, Model, SessionOptions
+from harness.targets import VLLM_TARGETS
+from harness.variants import TargetVariant
+
+
+def _worker_id(config: pytest.Config) -> str:
+    return getattr(config, "workerinput", {}).get("workerid", "main")
+
+
+@pytest.fixture(scope="session")
+def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
+    """The harness session of this pytest process (one per xdist worker)."""
+    opt = pytestconfig.getoption
+    cache_dir = Path(opt("--hil-cache-dir"))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Engines inherit these; keep vLLM's and inductor's caches inside the project cache.
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+    opts = SessionOptions(
+        cache_dir=cache_dir,
+        reports_dir=Path(opt("--hil-reports-dir")),
+        near_tie=NearTiePolicy(top_k=opt("--near-tie-topk"), prob_tol=opt("--near-tie-tol")),
+        engine_reuse=not opt("--no-engine-reuse"),
+        reference_cache=not opt("--no-reference-cache"),
+        max_live_engines=opt("--max-live-engines"),
+        call_timeout=opt("--engine-timeout"),
+    )
+    session = HilSession(opts)
+    try:
+        yield session
+    finally:
+        session.close()
+        session.write_stats(_worker_id(pytestconfig))
+
+
+@pytest.fixture(scope="session")
+def model(request: pytest.FixtureRequest, hil: HilSession) -> Model:
+    """The model under test (parametrized by --model)."""
+    try:
+        return hil.model(request.param)
+    except ValueError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def target_variant(request: pytest.FixtureRequest) -> TargetVariant:
+    """The device variant under test; skips (or fails with --require-device) when absent."""
+    variant: TargetVariant = request.param
+    probe = VLLM_TARGETS[variant.target].availability_probe(variant)
+    if probe is not None:
+        if request.config.getoption("--require-device"):
+            pytest.fail(f"device required but missing: {probe}", pytrace=False)
+        pytest.skip(probe)
+    return variant

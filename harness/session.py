@@ -1,0 +1,224 @@
+"""HilSession: what a suite talks to (models, references, engines, verdicts).
+
+One HilSession lives per pytest process (per xdist worker). It keeps one live
+engine per distinct EngineConfig (``EnginePool``), one reference runner per
+model, and counters that the plugin reports at the end of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.compare import NearTiePolicy, TraceComparison, compare_traces
+from harness.engine_config import ConfigError, EngineConfig
+from harness.engine_host import EngineCrashed, EngineError, EngineHost, EngineTimeout
+from harness.reference_cache import ReferenceCache
+from harness.scenario import PromptSet, Scenario
+from harness.targets import target_for
+from harness.targets.cpu_ref import ReferenceRunner
+from harness.trace import RequestTrace, Trace
+from harness.variants import TargetVariant
+
+log = logging.getLogger("harness")
+
+
+@dataclass
+class Model:
+    """A resolved model folder with its tokenizer and content hash."""
+
+    label: str
+    path: Path
+    content_hash: str
+    tokenizer: Any
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+
+@dataclass
+class SessionOptions:
+    cache_dir: Path
+    reports_dir: Path
+    near_tie: NearTiePolicy = field(default_factory=NearTiePolicy)
+    engine_reuse: bool = True
+    reference_cache: bool = True
+    max_live_engines: int = 3
+    start_timeout: float = 600.0
+    call_timeout: float = 900.0
+
+
+class EnginePool:
+    """One live EngineHost per EngineConfig, least recently used evicted first.
+
+    A configuration whose engine failed to start is remembered: later tests
+    with it fail at once with the original error instead of starting again.
+    """
+
+    def __init__(self, opts: SessionOptions) -> None:
+        self.opts = opts
+        self._live: OrderedDict[str, EngineHost] = OrderedDict()
+        self._failed: dict[str, EngineError] = {}
+        self.started: list[dict[str, Any]] = []
+
+    def get(self, cfg: EngineConfig) -> EngineHost:
+        key = cfg.key
+        if key in self._failed:
+            raise self._failed[key]
+        host = self._live.get(key)
+        if host is not None and host.alive:
+            self._live.move_to_end(key)
+            return host
+        if host is not None:
+            self.discard(key)
+        while len(self._live) >= max(1, self.opts.max_live_engines):
+            self.discard(next(iter(self._live)))
+        target = target_for(cfg)
+        try:
+            host = EngineHost(
+                cfg,
+                target.engine_env(),
+                target.llm_kwargs(),
+                self.opts.reports_dir / "engine-logs",
+                start_timeout=self.opts.start_timeout,
+            )
+        except EngineError as e:
+            self._failed[key] = e
+            raise
+        self.started.append({"config": cfg.label, "key": key, "seconds": round(host.start_seconds, 2)})
+        self._live[key] = host
+        return host
+
+    def release(self, cfg: EngineConfig) -> None:
+        """Stop the engine of ``cfg`` unless engines are reused across tests."""
+        if not self.opts.engine_reuse:
+            self.discard(cfg.key)
+
+    def discard(self, key: str) -> None:
+        host = self._live.pop(key, None)
+        if host is not None:
+            host.close()
+
+    def close(self) -> None:
+        for key in list(self._live):
+            self.discard(key)
+
+
+class HilSession:
+    """The harness facade used by suites through the ``hil`` fixture."""
+
+    def __init__(self, opts: SessionOptions) -> None:
+        self.opts = opts
+        self.pool = EnginePool(opts)
+        self.ref_cache = ReferenceCache(opts.cache_dir / "reference", enabled=opts.reference_cache)
+        self._models: dict[str, Model] = {}
+        self._refs: dict[str, ReferenceRunner] = {}
+        self.near_ties: list[str] = []
+
+    # -- models and prompts -------------------------------------------------
+    def model(self, value: str) -> Model:
+        """Resolve ``tiny-llama``/``tiny-granite`` (built on demand) or a local folder."""
+        if value not in self._models:
+            from transformers import AutoTokenizer
+
+            from fixtures.models import model_content_hash, resolve_model
+
+            path = resolve_model(value, self.opts.cache_dir)
+            digest = model_content_hash(path, memo_dir=self.opts.cache_dir / "model-hash")
+            tok = AutoTokenizer.from_pretrained(str(path))
+            label = value if os.sep not in value else path.name
+            self._models[value] = Model(label=label, path=path, content_hash=digest, tokenizer=tok)
+        return self._models[value]
+
+    def scenario(self, prompt_set: str | PromptSet, case: str, model: Model) -> Scenario:
+        ps = prompt_set if isinstance(prompt_set, PromptSet) else PromptSet.load(prompt_set)
+        return ps.scenario(case, model.tokenizer)
+
+    # -- running ------------------------------------------------------------
+    def engine_config(
+        self, variant: TargetVariant, model: Model, scenario: Scenario, **overrides: Any
+    ) -> EngineConfig:
+        return variant.engine_config(str(model.path), scenario.limits, **overrides)
+
+    def check_scenario(self, cfg: EngineConfig, scenario: Scenario) -> None:
+        """Refuse requests the engine would refuse, before any engine starts."""
+        target = target_for(cfg)
+        for r in scenario.requests:
+            try:
+                target.check_request(len(r.prompt_token_ids), r.max_tokens)
+            except ConfigError as e:
+                raise ConfigError(f"scenario {scenario.name}, request {r.request_id}: {e}") from None
+
+    def reference(self, model: Model, scenario: Scenario) -> Trace:
+        """CPU reference outputs for every request (cached on disk)."""
+        for r in scenario.requests:
+            if len(r.prompt_token_ids) + r.max_tokens > scenario.limits.max_model_len:
+                raise ConfigError(
+                    f"scenario {scenario.name}, request {r.request_id}: prompt of"
+                    f" {len(r.prompt_token_ids)} tokens + max_tokens {r.max_tokens} exceeds"
+                    f" max_model_len {scenario.limits.max_model_len}"
+                )
+        runner = self._refs.get(model.content_hash)
+        if runner is None:
+            runner = ReferenceRunner(model.path, model.content_hash, self.ref_cache)
+            self._refs[model.content_hash] = runner
+        return runner.run(scenario.payload(), top_k=self.opts.near_tie.top_k)
+
+    def generate(self, cfg: EngineConfig, scenario: Scenario) -> Trace:
+        """Run every request of ``scenario`` in one engine call on the engine of ``cfg``."""
+        self.check_scenario(cfg, scenario)
+        host = self.pool.get(cfg)
+        t0 = time.monotonic()
+        try:
+            result = host.call(
+                "generate",
+                {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k},
+                timeout=self.opts.call_timeout,
+            )
+        except (EngineCrashed, EngineTimeout):
+            self.pool.discard(cfg.key)
+            raise
+        finally:
+            self.pool.release(cfg)
+        trace = Trace(target=cfg.label, metrics=result["metrics"], info=dict(host.info))
+        trace.info["generate_seconds"] = round(time.monotonic() - t0, 3)
+        for r in result["requests"]:
+            trace.requests[r["request_id"]] = RequestTrace.from_dict(r)
+        return trace
+
+    def compare(self, ref: Trace, dev: Trace, model: Model, scenario: Scenario) -> TraceComparison:
+        """Token equality of ``dev`` against ``ref``; near-ties are kept for the run summary."""
+        verdict = compare_traces(
+            ref, dev, policy=self.opts.near_tie, decode=model.decode, prompts=scenario.prompts_by_id()
+        )
+        for d in verdict.near_ties:
+            self.near_ties.append(
+                f"{dev.target} {scenario.name} request {d.request_id} position {d.position}"
+            )
+        return verdict
+
+    # -- bookkeeping --------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return {
+            "engines_started": len(self.pool.started),
+            "engines": self.pool.started,
+            "reference_hits": self.ref_cache.hits,
+            "reference_misses": self.ref_cache.misses,
+            "near_ties": self.near_ties,
+        }
+
+    def write_stats(self, worker: str) -> Path:
+        out = self.opts.reports_dir / "stats"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{worker}.json"
+        path.write_text(json.dumps(self.stats(), indent=1))
+        return path
+
+    def close(self) -> None:
+        self.pool.close()

