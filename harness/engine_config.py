@@ -34,10 +34,9 @@ class WarmupShape:
 class EngineConfig:
     """Everything that decides how an engine is built.
 
-    ``faults`` lists ``module:function`` hooks called inside the engine process
-    before the engine starts (fault injection for proving checks can fail);
-    a fault makes the configuration distinct, so a faulty engine is never reused
-    by a clean test.
+    ``faults`` lists fault specs (see ``harness.faults``) installed inside the
+    engine process before the engine starts, to prove checks can fail; a fault
+    makes the configuration distinct, so a faulty engine never serves a clean test.
     """
 
     target: str

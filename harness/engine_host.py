@@ -192,8 +192,14 @@ class EngineHost:
             ) from None
         if status == "ok":
             return result
-        cls = EngineStartError if starting else EngineRequestError
-        raise cls(
+        if starting:
+            raise EngineStartError(
+                f"engine {self.cfg.label} failed to start with model {self.cfg.model}:"
+                f" {result['type']}: {result['message']} (check that the folder loads with"
+                f" transformers and that {self.cfg.target} supports its architecture)",
+                result.get("traceback", ""),
+            )
+        raise EngineRequestError(
             f"engine {self.cfg.label} raised {result['type']}: {result['message']}",
             result.get("traceback", ""),
         )

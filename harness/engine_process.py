@@ -7,7 +7,6 @@ a hook can patch vLLM or a plugin before the engine is built.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import traceback
@@ -21,15 +20,6 @@ def _error(e: BaseException) -> tuple[str, dict[str, str]]:
         "message": str(e).strip().splitlines()[-1] if str(e).strip() else repr(e),
         "traceback": traceback.format_exc(),
     }
-
-
-def run_fault_hooks(specs: list[str], config: dict[str, Any]) -> None:
-    """Call each ``module:function`` hook with the engine config dict."""
-    for spec in specs:
-        module_name, _, func_name = spec.partition(":")
-        func = getattr(importlib.import_module(module_name), func_name)
-        func(config)
-        print(f"[hil] fault hook applied: {spec}", flush=True)
 
 
 def metric_values(llm: Any) -> dict[str, float]:
@@ -51,10 +41,13 @@ class EngineSide:
 
     def __init__(self, config: dict[str, Any], llm_kwargs: dict[str, Any]) -> None:
         self.config = config
-        run_fault_hooks(list(config.get("faults", [])), config)
+        from harness import faults
+
+        faults.apply_faults(list(config.get("faults", [])), config)
         from vllm import LLM
 
         self.llm = LLM(**llm_kwargs)
+        faults.arm()
 
     def info(self) -> dict[str, Any]:
         import vllm
@@ -99,7 +92,7 @@ class EngineSide:
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         after = metric_values(self.llm)
         results = []
-        for r, out in zip(reqs, outputs):
+        for r, out in zip(reqs, outputs, strict=True):
             comp = out.outputs[0]
             steps = []
             for pos, tid in enumerate(comp.token_ids):

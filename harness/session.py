@@ -52,6 +52,7 @@ class SessionOptions:
     max_live_engines: int = 3
     start_timeout: float = 600.0
     call_timeout: float = 900.0
+    faults: tuple[str, ...] = ()
 
 
 class EnginePool:
@@ -144,6 +145,8 @@ class HilSession:
     def engine_config(
         self, variant: TargetVariant, model: Model, scenario: Scenario, **overrides: Any
     ) -> EngineConfig:
+        if self.opts.faults and "faults" not in overrides:
+            overrides["faults"] = self.opts.faults
         return variant.engine_config(str(model.path), scenario.limits, **overrides)
 
     def check_scenario(self, cfg: EngineConfig, scenario: Scenario) -> None:

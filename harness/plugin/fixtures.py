@@ -35,6 +35,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         reference_cache=not opt("--no-reference-cache"),
         max_live_engines=opt("--max-live-engines"),
         call_timeout=opt("--engine-timeout"),
+        faults=tuple(opt("--inject-fault")),
     )
     session = HilSession(opts)
     try:

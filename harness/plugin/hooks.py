@@ -65,6 +65,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="engine logs and run statistics (env HIL_REPORTS_DIR)")
     g.addoption("--max-live-engines", type=int, default=3,
                 help="engines kept alive at once per worker (default 3)")
+    g.addoption("--inject-fault", action="append", default=[], metavar="FAULT[:k=v,...]",
+                help="install a fault (harness/faults.py) in every engine, to prove the"
+                " checks fail; repeatable")
     g.addoption("--engine-timeout", type=float, default=900.0,
                 help="seconds one engine call may take before the engine is killed")
 
@@ -90,6 +93,13 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"--model: model folder not found: {m}; pass a local model folder (containing"
                 f" config.json) or one of: {', '.join(MODEL_SPECS)}"
             )
+    from harness.faults import parse_fault
+
+    for spec in config.getoption("--inject-fault"):
+        try:
+            parse_fault(spec)
+        except (ValueError, ImportError, AttributeError) as e:
+            raise pytest.UsageError(f"--inject-fault: {e}") from None
     if not _is_worker(config):
         # Stale per-worker statistics from an earlier run must not be summed in.
         shutil.rmtree(Path(config.getoption("--hil-reports-dir")) / "stats", ignore_errors=True)

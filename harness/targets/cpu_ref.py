@@ -71,7 +71,7 @@ class ReferenceRunner:
                 logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
                 token = int(torch.argmax(logp))
                 vals, idx = torch.topk(logp, top_k)
-                top = {int(i): float(v) for v, i in zip(vals, idx)}
+                top = {int(i): float(v) for v, i in zip(vals, idx, strict=True)}
                 top[token] = float(logp[token])
                 steps.append(
                     TokenStep(

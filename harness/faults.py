@@ -1,0 +1,85 @@
+"""Faults injected into the real stack, to prove that each check can fail.
+
+A fault is named in ``EngineConfig.faults`` (or with ``--inject-fault``) as
+``NAME`` or ``NAME:key=value,key=value``; NAME is a key of ``FAULTS`` or a
+``package.module.function`` path. It runs inside the engine process before
+vLLM builds the engine, so it can patch vLLM or a plugin at class level.
+Faults print a ``[hil] fault`` line to the engine log when they fire.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+FaultFn = Callable[..., None]
+
+# Faults stay dormant through engine start-up (warmup, profiling) until armed.
+_armed = {"on": False}
+
+
+def arm() -> None:
+    """Let installed faults fire from now on (called once the engine has started)."""
+    _armed["on"] = True
+
+
+def armed() -> bool:
+    return _armed["on"]
+
+
+def perturb_logit(config: dict[str, Any], position: str = "5", row: str = "0") -> None:
+    """Once, at the ``position``-th sampling step after the engine started, make the
+    least likely token the argmax in batch row ``row``: one wrong token, far from a
+    near-tie. For a request running alone, that step is its generated position."""
+    import torch
+    from vllm.v1.sample.sampler import Sampler
+
+    pos, r = int(position), int(row)
+    original = Sampler.forward
+    state = {"fired": False, "calls": 0}
+
+    def forward(self: Any, logits: torch.Tensor, sampling_metadata: Any, *a: Any, **kw: Any) -> Any:
+        if not armed() or state["fired"] or logits.shape[0] <= r:
+            return original(self, logits, sampling_metadata, *a, **kw)
+        state["calls"] += 1
+        if state["calls"] == pos + 1:
+            logits = logits.clone()
+            worst = int(torch.argmin(logits[r]))
+            logits[r, worst] = logits[r].max() + 20.0
+            state["fired"] = True
+            print(f"[hil] fault perturb_logit fired: row {r}, position {pos}, token {worst}",
+                  flush=True)
+        return original(self, logits, sampling_metadata, *a, **kw)
+
+    Sampler.forward = forward  # type: ignore[method-assign]
+
+
+FAULTS: dict[str, FaultFn] = {
+    "perturb-logit": perturb_logit,
+}
+
+
+def parse_fault(spec: str) -> tuple[FaultFn, dict[str, str]]:
+    """``NAME[:k=v,...]`` -> (function, keyword arguments as strings)."""
+    name, _, argstr = spec.partition(":")
+    kwargs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in argstr.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise ValueError(f"fault {spec!r}: argument {part!r} is not key=value")
+        kwargs[key.strip()] = value.strip()
+    if name in FAULTS:
+        return FAULTS[name], kwargs
+    if "." in name:
+        module, _, func = name.rpartition(".")
+        return getattr(importlib.import_module(module), func), kwargs
+    raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)} (or a module.function path)")
+
+
+def apply_faults(specs: list[str], config: dict[str, Any]) -> None:
+    """Install every fault in ``specs``; called in the engine process before vLLM starts."""
+    for spec in specs:
+        fn, kwargs = parse_fault(spec)
+        fn(config, **kwargs)
+        print(f"[hil] fault installed: {spec}", flush=True)

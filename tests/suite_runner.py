@@ -1,0 +1,44 @@
+"""Run a suite of this repo in a child pytest, for tests that prove a suite fails."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class SuiteRun:
+    returncode: int
+    output: str
+    outcomes: dict[str, str]  # test name -> passed/failed/skipped/error
+    messages: dict[str, str]  # test name -> failure text
+
+    def failed(self) -> list[str]:
+        return [k for k, v in self.outcomes.items() if v in ("failed", "error")]
+
+
+def run_suite(tmp_path: Path, *args: str, timeout: float = 1200) -> SuiteRun:
+    """Run pytest on ``args`` in a child process with its own reports folder."""
+    junit = tmp_path / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+           f"--junitxml={junit}", f"--hil-reports-dir={tmp_path / 'reports'}", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    if junit.exists():
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            name = case.get("name", "")
+            outcome = "passed"
+            for tag in ("failure", "error", "skipped"):
+                el = case.find(tag)
+                if el is not None:
+                    outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                    messages[name] = (el.get("message") or "") + "\n" + (el.text or "")
+                    break
+            outcomes[name] = outcome
+    return SuiteRun(proc.returncode, proc.stdout + proc.stderr, outcomes, messages)
