@@ -36,6 +36,27 @@ def metric_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
+def request_result(
+    request_id: str, out: Any, fallback_prompt: list[int], num_preemptions: int = 0
+) -> dict[str, Any]:
+    """A vLLM RequestOutput as a RequestTrace dict (tokens with top-k logprobs)."""
+    comp = out.outputs[0]
+    steps = []
+    for pos, tid in enumerate(comp.token_ids):
+        lp_map = comp.logprobs[pos] if comp.logprobs else {}
+        top = {int(t): float(lp.logprob) for t, lp in lp_map.items()}
+        steps.append(
+            {"token_id": int(tid), "logprob": top.get(int(tid), float("nan")), "top_logprobs": top}
+        )
+    return {
+        "request_id": request_id,
+        "prompt_token_ids": list(out.prompt_token_ids or fallback_prompt),
+        "steps": steps,
+        "num_preemptions": num_preemptions,
+        "finish_reason": comp.finish_reason,
+    }
+
+
 class EngineSide:
     """Owns the vllm.LLM and answers the host's commands."""
 
@@ -91,32 +112,142 @@ class EngineSide:
         before = metric_values(self.llm)
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         after = metric_values(self.llm)
-        results = []
-        for r, out in zip(reqs, outputs, strict=True):
-            comp = out.outputs[0]
-            steps = []
-            for pos, tid in enumerate(comp.token_ids):
-                lp_map = comp.logprobs[pos] if comp.logprobs else {}
-                top = {int(t): float(lp.logprob) for t, lp in lp_map.items()}
-                steps.append(
-                    {
-                        "token_id": int(tid),
-                        "logprob": top.get(int(tid), float("nan")),
-                        "top_logprobs": top,
-                    }
+        results = [
+            request_result(r["request_id"], out, r["prompt_token_ids"])
+            for r, out in zip(reqs, outputs, strict=True)
+        ]
+        return {"requests": results, "metrics": metric_delta(before, after)}
+
+    # -- step-driven runs -----------------------------------------------------
+    def _engine_core(self) -> Any:
+        return self.llm.llm_engine.engine_core.engine_core
+
+    def _model_runner(self) -> Any:
+        core = self._engine_core()
+        return core.model_executor.driver_worker.worker.model_runner
+
+    def _capture_schedule(self) -> list[Any]:
+        """Record every SchedulerOutput (for preempted and finished ids per step)."""
+        sched = self._engine_core().scheduler
+        if not hasattr(self, "_sched_outputs"):
+            self._sched_outputs: list[Any] = []
+            original = sched.schedule
+
+            def schedule(*a: Any, **kw: Any) -> Any:
+                out = original(*a, **kw)
+                self._sched_outputs.append(out)
+                return out
+
+            sched.schedule = schedule
+        return self._sched_outputs
+
+    def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
+        """The KV ledgers of this engine right now (scheduler, and runner where it has one)."""
+        from harness.kv import snapshot_engine
+
+        return [s.to_dict() for s in snapshot_engine(self._engine_core())]
+
+    def run_steps(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Drive requests through the engine one step at a time, recording each step.
+
+        Requests arrive at their ``arrival_step``; stepping goes on until the
+        scheduler has nothing left, including finished ids not yet delivered to
+        the runner, so the last step is the one where the runner frees them.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        probe = bool(payload.get("probe", True))
+        max_steps = int(payload.get("max_steps", 2000))
+        k = int(payload["logprobs"])
+        engine = self.llm.llm_engine
+        core = self._engine_core()
+        sched = core.scheduler
+        sched_outputs = self._capture_schedule()
+        runner = self._model_runner()
+
+        def kv() -> list[dict[str, Any]]:
+            return self.kv_snapshot() if probe else []
+
+        pending = sorted(payload["requests"], key=lambda r: int(r.get("arrival_step", 0)))
+        internal: dict[str, str] = {}  # engine request id -> scenario request id
+        preemptions: dict[str, int] = {}
+        finals: dict[str, Any] = {}
+        before = metric_values(self.llm)
+        initial = {
+            "step": -1,
+            "running": [],
+            "waiting": [],
+            "finished": [],
+            "preempted": [],
+            "delivered_finished": [],
+            "tkv": getattr(runner, "tkv", None),
+            "kv": kv(),
+        }
+        steps: list[dict[str, Any]] = []
+        step = 0
+        while pending or sched.has_requests():
+            while pending and int(pending[0].get("arrival_step", 0)) <= step:
+                r = pending.pop(0)
+                params = SamplingParams(
+                    temperature=0.0,
+                    max_tokens=int(r["max_tokens"]),
+                    ignore_eos=True,
+                    logprobs=k,
+                    detokenize=False,
+                    output_kind=RequestOutputKind.FINAL_ONLY,
                 )
-            results.append(
+                rid = engine.add_request(
+                    r["request_id"], {"prompt_token_ids": list(r["prompt_token_ids"])}, params
+                )
+                internal[str(rid or r["request_id"])] = r["request_id"]
+            n_sched = len(sched_outputs)
+            outs = engine.step() if sched.has_requests() else []
+            so = sched_outputs[-1] if len(sched_outputs) > n_sched else None
+            for rid, req in sched.requests.items():
+                preemptions[internal.get(rid, rid)] = int(getattr(req, "num_preemptions", 0))
+            finished_now = []
+            for o in outs:
+                if o.finished:
+                    finals[o.request_id] = o
+                    finished_now.append(internal.get(o.request_id, o.request_id))
+            steps.append(
                 {
-                    "request_id": r["request_id"],
-                    "prompt_token_ids": list(
-                        out.prompt_token_ids or r["prompt_token_ids"]
+                    "step": step,
+                    "scheduled": so is not None,
+                    "running": [internal.get(r.request_id, r.request_id) for r in sched.running],
+                    "waiting": [internal.get(r.request_id, r.request_id) for r in sched.waiting],
+                    "finished": finished_now,
+                    "preempted": sorted(
+                        internal.get(i, i) for i in (getattr(so, "preempted_req_ids", None) or ())
                     ),
-                    "steps": steps,
-                    "num_preemptions": 0,
-                    "finish_reason": comp.finish_reason,
+                    "delivered_finished": sorted(
+                        internal.get(i, i) for i in (getattr(so, "finished_req_ids", None) or ())
+                    ),
+                    "num_scheduled_tokens": int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
+                    "tkv": getattr(runner, "tkv", None),
+                    "kv": kv(),
                 }
             )
-        return {"requests": results, "metrics": metric_delta(before, after)}
+            step += 1
+            if step > max_steps:
+                raise RuntimeError(
+                    f"scenario did not finish within {max_steps} engine steps; still running"
+                    f" {[r.request_id for r in sched.running]}, waiting"
+                    f" {[r.request_id for r in sched.waiting]}"
+                )
+        after = metric_values(self.llm)
+        results = [
+            request_result(sid, out, [], preemptions.get(sid, 0))
+            for sid, out in ((internal.get(rid, rid), out) for rid, out in finals.items())
+        ]
+        return {
+            "requests": results,
+            "metrics": metric_delta(before, after),
+            "initial": initial,
+            "steps": steps,
+            "idle": not sched.has_requests(),
+        }
 
     def metrics(self, _payload: Any = None) -> dict[str, float]:
         return metric_values(self.llm)
@@ -125,9 +256,7 @@ class EngineSide:
 def serve(conn: Connection) -> int:
     op, payload = conn.recv()
     if op != "start":
-        conn.send(
-            ("error", {"type": "ProtocolError", "message": f"expected start, got {op}"})
-        )
+        conn.send(("error", {"type": "ProtocolError", "message": f"expected start, got {op}"}))
         return 2
     try:
         side = EngineSide(payload["config"], payload["llm_kwargs"])

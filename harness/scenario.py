@@ -158,3 +158,24 @@ class PromptSet:
             )
         tags = {"prompt_set": self.name, "case": case_id, "batch_size": len(requests)}
         return Scenario(name=f"{self.name}/{case_id}", requests=requests, limits=self.limits, tags=tags)
+
+
+def shaped_scenario(
+    name: str,
+    tokenizer: Tokenizer,
+    shapes: list[tuple[int, int, int]],
+    limits: EngineLimits,
+    text: str = "Blocks of cached keys and values fill up as the batch decodes, step by step. ",
+) -> Scenario:
+    """Requests of exact shapes: (prompt length in tokens, max_tokens, arrival step)."""
+    requests = []
+    for i, (length, max_tokens, arrival) in enumerate(shapes):
+        ids = prompt_of_length(tokenizer, text + f"Request number {i}. ", length)
+        requests.append(
+            RequestSpec(
+                request_id=f"r{i}", prompt_token_ids=tuple(ids), max_tokens=max_tokens,
+                arrival_step=arrival, prompt_text=tokenizer.decode(ids),
+            )
+        )
+    tags = {"scenario": name, "batch_size": len(requests), "max_num_seqs": limits.max_num_seqs}
+    return Scenario(name=name, requests=requests, limits=limits, tags=tags)

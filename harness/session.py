@@ -53,6 +53,7 @@ class SessionOptions:
     start_timeout: float = 600.0
     call_timeout: float = 900.0
     faults: tuple[str, ...] = ()
+    kv_probe: bool = True
 
 
 class EnginePool:
@@ -191,6 +192,33 @@ class HilSession:
             self.pool.release(cfg)
         trace = Trace(target=cfg.label, metrics=result["metrics"], info=dict(host.info))
         trace.info["generate_seconds"] = round(time.monotonic() - t0, 3)
+        for r in result["requests"]:
+            trace.requests[r["request_id"]] = RequestTrace.from_dict(r)
+        return trace
+
+    def run_steps(self, cfg: EngineConfig, scenario: Scenario, probe: bool | None = None) -> Trace:
+        """Drive ``scenario`` one engine step at a time, recording scheduler and KV state
+        (the KV snapshots only when ``probe``, by default the session's ``kv_probe``)."""
+        probe = self.opts.kv_probe if probe is None else probe
+        self.check_scenario(cfg, scenario)
+        host = self.pool.get(cfg)
+        t0 = time.monotonic()
+        try:
+            result = host.call(
+                "run_steps",
+                {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k,
+                 "probe": probe},
+                timeout=self.opts.call_timeout,
+            )
+        except (EngineCrashed, EngineTimeout):
+            self.pool.discard(cfg.key)
+            raise
+        finally:
+            self.pool.release(cfg)
+        trace = Trace(target=cfg.label, metrics=result["metrics"], info=dict(host.info),
+                      engine_steps=result["steps"])
+        trace.info.update(initial=result["initial"], idle=result["idle"],
+                          run_seconds=round(time.monotonic() - t0, 3))
         for r in result["requests"]:
             trace.requests[r["request_id"]] = RequestTrace.from_dict(r)
         return trace

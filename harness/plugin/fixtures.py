@@ -36,6 +36,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         max_live_engines=opt("--max-live-engines"),
         call_timeout=opt("--engine-timeout"),
         faults=tuple(opt("--inject-fault")),
+        kv_probe=not opt("--no-kv-probe"),
     )
     session = HilSession(opts)
     try:

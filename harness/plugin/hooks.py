@@ -25,6 +25,7 @@ MARKERS = {
     "no_recompute": "suite: no preemption/recompute at full batch",
     "block_freeing": "suite: padding and dummy KV blocks are freed",
     "capacity": "suite: KV block count can serve a full-length request",
+    "hil_targets": "hil_targets(spec): limit a test's target variants (same syntax as --target)",
 }
 
 DEFAULT_MODELS = ",".join(MODEL_SPECS)
@@ -57,6 +58,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 " distributions (default 0.05)")
     g.addoption("--no-engine-reuse", action="store_true",
                 help="start a fresh engine for every test (baseline for benchmarks)")
+    g.addoption("--no-kv-probe", action="store_true",
+                help="skip the per-step KV snapshots (benchmarks; KV invariant checks then fail)")
     g.addoption("--no-reference-cache", action="store_true",
                 help="recompute every reference output (baseline for benchmarks)")
     g.addoption("--hil-cache-dir", default=os.environ.get("HIL_CACHE_DIR", str(ROOT / ".hil-cache")),
@@ -117,6 +120,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                              scope="session")
     if "target_variant" in metafunc.fixturenames:
         variants = select_variants(config.getoption("--target"))
+        limit = metafunc.definition.get_closest_marker("hil_targets")
+        if limit is not None:
+            allowed = {v.id for v in select_variants(",".join(limit.args))}
+            variants = [v for v in variants if v.id in allowed]
         params = [
             pytest.param(v, id=v.id, marks=[getattr(pytest.mark, m) for m in v.markers])
             for v in variants

@@ -19,5 +19,7 @@ class VllmCpuTarget(VllmTarget):
 
     def llm_kwargs(self) -> dict[str, Any]:
         kw = super().llm_kwargs()
-        kw.update(dtype="float32", enforce_eager=True)
+        # Synchronous scheduling: each engine step is complete when it returns,
+        # so the scheduler and KV state read between steps is coherent.
+        kw.update(dtype="float32", enforce_eager=True, async_scheduling=False)
         return kw

@@ -1,0 +1,88 @@
+"""Preflight: how many KV blocks a configuration needs, checked before a run.
+
+A full-length request (max_model_len tokens) needs ceil(max_model_len / block_size)
+blocks; a full batch needs max_num_seqs of those; and the pool keeps one block
+(block 0) as the pad/null block that no request may hold. So a pool of exactly
+``max_num_seqs`` full-length blocks serves only ``max_num_seqs - 1`` requests:
+the Neuron geometry (block_size == max_model_len) needs ``max_num_seqs + 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.engine_config import ConfigError
+
+PAD_BLOCKS = 1
+
+
+class CapacityError(ConfigError):
+    """The KV block count cannot serve one full-length request."""
+
+
+@dataclass(frozen=True)
+class BlockNeed:
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    per_request: int
+    pad_blocks: int
+
+    @property
+    def one_request(self) -> int:
+        """Blocks without which not even one full-length request can run."""
+        return self.per_request + self.pad_blocks
+
+    @property
+    def full_batch(self) -> int:
+        """Blocks for max_num_seqs full-length requests at once, without preemption."""
+        return self.max_num_seqs * self.per_request + self.pad_blocks
+
+    def explain(self) -> str:
+        return (
+            f"a full-length request ({self.max_model_len} tokens) needs"
+            f" ceil({self.max_model_len}/{self.block_size}) = {self.per_request} blocks of"
+            f" {self.block_size} tokens, plus {self.pad_blocks} pad/null block"
+        )
+
+
+def blocks_needed(
+    max_model_len: int, max_num_seqs: int, block_size: int, pad_blocks: int = PAD_BLOCKS
+) -> BlockNeed:
+    """The block need of a configuration (per request, per full batch, with the pad block)."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return BlockNeed(
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        per_request=math.ceil(max_model_len / block_size),
+        pad_blocks=pad_blocks,
+    )
+
+
+def preflight(need: BlockNeed, num_blocks: int, source: str) -> None:
+    """Raise CapacityError when ``num_blocks`` cannot serve one full-length request.
+
+    ``source`` says where the count came from (an override, the device's profile).
+    """
+    if num_blocks < need.one_request:
+        raise CapacityError(
+            f"KV cache too small: {num_blocks} blocks ({source}) cannot serve one"
+            f" full-length request: {need.explain()} = {need.one_request} blocks;"
+            f" a full batch of {need.max_num_seqs} needs {need.full_batch}."
+            f" Set num_gpu_blocks_override to at least {need.one_request}"
+            f" ({need.full_batch} for a full batch without preemption)"
+        )
+
+
+def full_batch_shortfall(need: BlockNeed, num_blocks: int) -> str | None:
+    """Why ``num_blocks`` cannot hold a full batch without preemption, or None."""
+    if num_blocks >= need.full_batch:
+        return None
+    return (
+        f"{num_blocks} blocks cannot hold {need.max_num_seqs} full-length requests at once:"
+        f" {need.explain()}, so a full batch needs {need.max_num_seqs} x {need.per_request}"
+        f" + {need.pad_blocks} = {need.full_batch}"
+    )

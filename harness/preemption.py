@@ -1,0 +1,89 @@
+"""No recompute at full batch: pure checks over a step-driven Trace.
+
+Two things are asserted, separately, because each alone can lie:
+- the precondition: the batch really reached ``max_num_seqs`` running requests
+  at once (a run that never fills the batch proves nothing about a full batch);
+- zero preemptions, by three independent signals: the engine's
+  ``vllm:num_preemptions`` counter, each request's preemption count, and the
+  ids the scheduler listed as preempted at each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.trace import Trace
+
+PREEMPTION_METRIC = "vllm:num_preemptions"
+
+
+@dataclass
+class PreemptionCount:
+    """What each signal says about preemption in one run."""
+
+    metric: float | None
+    per_request: dict[str, int] = field(default_factory=dict)
+    per_step: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def total_by_request(self) -> int:
+        return sum(self.per_request.values())
+
+    @property
+    def total_by_step(self) -> int:
+        return sum(len(v) for v in self.per_step.values())
+
+    def any(self) -> bool:
+        return bool((self.metric or 0) > 0 or self.total_by_request or self.total_by_step)
+
+    def all_signals_agree_preempted(self) -> bool:
+        """Every signal (the counter, where present) saw at least one preemption."""
+        metric_ok = self.metric is None or self.metric > 0
+        return metric_ok and self.total_by_request > 0 and self.total_by_step > 0
+
+    def describe(self) -> str:
+        steps = ", ".join(f"step {s}: {ids}" for s, ids in sorted(self.per_step.items())) or "none"
+        reqs = {k: v for k, v in self.per_request.items() if v} or "none"
+        metric = "not reported" if self.metric is None else f"{self.metric:g}"
+        return f"{PREEMPTION_METRIC}={metric}; per-request counts {reqs}; preempted ids per step: {steps}"
+
+
+def count_preemptions(trace: Trace) -> PreemptionCount:
+    """The three preemption signals of a step-driven trace."""
+    metric = trace.metrics.get(PREEMPTION_METRIC)
+    per_request = {rid: r.num_preemptions for rid, r in trace.requests.items()}
+    per_step = {s["step"]: list(s["preempted"]) for s in trace.engine_steps if s.get("preempted")}
+    return PreemptionCount(metric=metric, per_request=per_request, per_step=per_step)
+
+
+def largest_batch(steps: list[dict[str, Any]]) -> tuple[int, int | None]:
+    """(most requests running at once, the first step where that was seen)."""
+    best, at = 0, None
+    for s in steps:
+        n = len(s.get("running", []))
+        if n > best:
+            best, at = n, s["step"]
+    return best, at
+
+
+def check_full_batch(steps: list[dict[str, Any]], max_num_seqs: int) -> str | None:
+    """None when the batch reached ``max_num_seqs`` running requests, else why not."""
+    best, at = largest_batch(steps)
+    if best >= max_num_seqs:
+        return None
+    where = f" (first at step {at})" if at is not None else ""
+    waiting = max((len(s.get("waiting", [])) for s in steps), default=0)
+    return (
+        f"full batch never reached: max_num_seqs={max_num_seqs} but the largest batch seen"
+        f" was {best} running requests{where}, with up to {waiting} waiting; the run proves"
+        " nothing about a full batch (is the KV cache one block short?)"
+    )
+
+
+def check_no_preemption(trace: Trace) -> str | None:
+    """None when no signal saw a preemption, else a message with every signal."""
+    count = count_preemptions(trace)
+    if not count.any():
+        return None
+    return f"recompute: requests were preempted and recomputed: {count.describe()}"
