@@ -59,7 +59,7 @@ if [ "$relock" = 1 ]; then
   {
     echo "# Exact pins of the default stack (Linux x86_64, CPython 3.11), installed with --no-deps."
     echo "# Regenerate with ./setup.sh --relock after changing stack-default.in or stack-default-nodeps.txt."
-    "${PIP[@]}" freeze --exclude-editable | grep -v -E '^(pip|vllm-hil)=='
+    "${PIP[@]}" freeze --all --exclude-editable | grep -v -E '^(pip|vllm-hil)=='
   } > "$LOCK.new"
   mv "$LOCK.new" "$LOCK"
   want=$(cat "$LOCK" "$NODEPS" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)
