@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from harness.engine_config import ConfigError
+from harness.engine_config import ConfigError, EngineConfig
 
 PAD_BLOCKS = 1
 
@@ -86,3 +87,24 @@ def full_batch_shortfall(need: BlockNeed, num_blocks: int) -> str | None:
         f" {need.explain()}, so a full batch needs {need.max_num_seqs} x {need.per_request}"
         f" + {need.pad_blocks} = {need.full_batch}"
     )
+
+
+def preflight_config(cfg: EngineConfig) -> None:
+    """Refuse, before start, an override that cannot serve one full-length request.
+
+    Only where the stack does not check it itself: vLLM 0.17 accepts any
+    ``num_gpu_blocks_override``; vllm-spyre refuses too few blocks at start.
+    """
+    if cfg.target == "spyre" or cfg.num_blocks_override is None or cfg.block_size is None:
+        return
+    need = blocks_needed(cfg.max_model_len, cfg.max_num_seqs, cfg.block_size)
+    preflight(need, cfg.num_blocks_override, "num_gpu_blocks_override")
+
+
+def check_capacity(cfg: EngineConfig, info: dict[str, Any]) -> None:
+    """After start: the block count the device decided must serve one full-length request."""
+    n, size = info.get("kv_num_blocks"), info.get("kv_block_size")
+    if not n or not size:
+        return
+    need = blocks_needed(int(info.get("max_model_len", cfg.max_model_len)), cfg.max_num_seqs, int(size))
+    preflight(need, int(n), f"reported by the {cfg.label} engine ({info.get('kv_source')})")

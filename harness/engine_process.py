@@ -85,6 +85,17 @@ class EngineSide:
             "pid": os.getpid(),
         }
         try:
+            from harness.kv import SOURCE_VLLM_SCHEDULER
+
+            snaps = self.kv_snapshot()
+            real = [k for k in snaps if k["source"] != SOURCE_VLLM_SCHEDULER] or snaps
+            if real:
+                info["kv_source"] = real[-1]["source"]
+                info["kv_num_blocks"] = real[-1]["num_blocks"]
+                info["kv_block_size"] = real[-1].get("block_size")
+        except Exception as e:  # the ledger is optional for serving; say why it is absent
+            info["kv_error"] = repr(e)
+        try:
             import vllm_spyre
 
             info["vllm_spyre_version"] = getattr(vllm_spyre, "__version__", "?")
@@ -167,7 +178,14 @@ class EngineSide:
         runner = self._model_runner()
 
         def kv() -> list[dict[str, Any]]:
-            return self.kv_snapshot() if probe else []
+            if not probe:
+                return []
+            snaps = self.kv_snapshot()
+            for snap in snaps:  # engine ids carry a suffix; report scenario ids
+                for field in ("owned", "reserved"):
+                    if snap.get(field):
+                        snap[field] = {internal.get(k, k): v for k, v in snap[field].items()}
+            return snaps
 
         pending = sorted(payload["requests"], key=lambda r: int(r.get("arrival_step", 0)))
         internal: dict[str, str] = {}  # engine request id -> scenario request id

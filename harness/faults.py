@@ -55,8 +55,66 @@ def perturb_logit(config: dict[str, Any], position: str = "5", row: str = "0") -
     Sampler.forward = forward  # type: ignore[method-assign]
 
 
+def forget_free(config: dict[str, Any], after: str = "0") -> None:
+    """The ``after``-th time (0-based) a request's blocks go back to vLLM's BlockPool once
+    the engine has started, one block is dropped: neither free nor owned any more."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    original = BlockPool.free_blocks
+    state = {"calls": 0, "fired": False}
+
+    def free_blocks(self: Any, ordered_blocks: Any) -> None:
+        blocks = list(ordered_blocks)
+        if armed() and not state["fired"] and blocks:
+            if state["calls"] == int(after):
+                state["fired"] = True
+                print(f"[hil] fault forget_free fired: block {blocks[-1].block_id} not freed",
+                      flush=True)
+                blocks = blocks[:-1]
+            state["calls"] += 1
+        return original(self, blocks)
+
+    BlockPool.free_blocks = free_blocks  # type: ignore[method-assign]
+
+
+def leak_warmup_block(config: dict[str, Any]) -> None:
+    """vllm-spyre: a warmup request's reservation is never released, so the runner keeps
+    counting blocks for a request that no longer exists after warmup."""
+    from vllm_spyre.v1.worker import spyre_model_runner as smr
+
+    cls = smr.ContinuousBatchingSpyreModelRunner
+    original = cls.complete_warmup
+
+    def complete_warmup(self: Any, *a: Any, **kw: Any) -> Any:
+        out = original(self, *a, **kw)
+        self.req_ids2num_reserved_blocks["warmup-0"] = 1
+        print("[hil] fault leak_warmup_block fired: warmup-0 keeps 1 reserved block", flush=True)
+        return out
+
+    cls.complete_warmup = complete_warmup  # type: ignore[method-assign]
+
+
+def kv_blocks_short(config: dict[str, Any], by: str = "1") -> None:
+    """The device provides ``by`` fewer KV blocks than configured (num_gpu_blocks_override)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+
+    def create_engine_config(self: Any, *a: Any, **kw: Any) -> Any:
+        if self.num_gpu_blocks_override:
+            self.num_gpu_blocks_override -= int(by)
+            print(f"[hil] fault kv_blocks_short: override now {self.num_gpu_blocks_override}",
+                  flush=True)
+        return original(self, *a, **kw)
+
+    EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
+
+
 FAULTS: dict[str, FaultFn] = {
     "perturb-logit": perturb_logit,
+    "forget-free": forget_free,
+    "leak-warmup-block": leak_warmup_block,
+    "kv-blocks-short": kv_blocks_short,
 }
 
 

@@ -771,3 +771,52 @@ def format_step_table(steps: list[dict[str, Any]], first_bad: int, context: int 
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ verdict
+
+
+def check_trace_ledger(
+    initial: dict[str, Any] | None, steps: list[dict[str, Any]], idle_at_end: bool
+) -> list[Violation]:
+    """Every ledger invariant over a step-driven run.
+
+    ``initial`` is the snapshot after engine start-up (warmup done, no request
+    yet): an idle point. The last step is idle too when ``idle_at_end`` (the
+    runner has been told of every finished request).
+    """
+    all_steps = ([initial] if initial else []) + list(steps)
+    idle_steps = {initial["step"]} if initial else set()
+    if idle_at_end and steps:
+        idle_steps.add(steps[-1]["step"])
+    out = check_engine_steps(all_steps, None)
+    for d in all_steps:
+        if d["step"] in idle_steps:
+            for kd in d.get("kv", []):
+                out.extend(check_idle(KvSnapshot.from_dict(kd), d["step"]))
+    return out
+
+
+def ledger_report(
+    initial: dict[str, Any] | None, steps: list[dict[str, Any]], idle_at_end: bool
+) -> str | None:
+    """None when every invariant holds; else the first broken invariant, its step,
+    a per-step table around it, and every violation (first 20)."""
+    if not any(d.get("kv") for d in ([initial] if initial else []) + steps):
+        return "kv ledger: no KV snapshots were recorded (was the probe switched off?)"
+    violations = check_trace_ledger(initial, steps, idle_at_end)
+    if not violations:
+        return None
+    violations.sort(key=lambda v: (v.step if v.step is not None else -2))
+    first = violations[0]
+    all_steps = ([initial] if initial else []) + list(steps)
+    lines = [
+        f"kv invariant {first.invariant} broken at step {first.step}: {first.message}",
+        format_step_table(all_steps, first.step if first.step is not None else -1),
+        "invariants broken: " + ", ".join(sorted({v.invariant for v in violations})),
+        f"{len(violations)} violation(s):",
+    ]
+    lines += [f"  step {v.step}: [{v.invariant}] {v.message}" for v in violations[:20]]
+    if len(violations) > 20:
+        lines.append(f"  ... {len(violations) - 20} more")
+    return "\n".join(lines)

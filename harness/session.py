@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.capacity import CapacityError, check_capacity, preflight_config
 from harness.compare import NearTiePolicy, TraceComparison, compare_traces
 from harness.engine_config import ConfigError, EngineConfig
 from harness.engine_host import EngineCrashed, EngineError, EngineHost, EngineTimeout
@@ -83,6 +84,11 @@ class EnginePool:
             self.discard(next(iter(self._live)))
         target = target_for(cfg)
         try:
+            preflight_config(cfg)
+        except CapacityError as e:
+            self._failed[key] = e
+            raise
+        try:
             host = EngineHost(
                 cfg,
                 target.engine_env(),
@@ -91,6 +97,12 @@ class EnginePool:
                 start_timeout=self.opts.start_timeout,
             )
         except EngineError as e:
+            self._failed[key] = e
+            raise
+        try:
+            check_capacity(cfg, host.info)
+        except CapacityError as e:
+            host.close()
             self._failed[key] = e
             raise
         self.started.append({"config": cfg.label, "key": key, "seconds": round(host.start_seconds, 2)})
@@ -222,6 +234,17 @@ class HilSession:
         for r in result["requests"]:
             trace.requests[r["request_id"]] = RequestTrace.from_dict(r)
         return trace
+
+    def kv_snapshot(self, cfg: EngineConfig) -> list[dict[str, Any]]:
+        """The engine's KV ledgers right now (after start-up: an idle point)."""
+        return self.pool.get(cfg).call("kv_snapshot")
+
+    def ledger_report(self, trace: Trace) -> str | None:
+        """None when every KV ledger invariant held at every step, else what broke."""
+        from harness.kv import ledger_report
+
+        return ledger_report(trace.info.get("initial"), trace.engine_steps,
+                             bool(trace.info.get("idle")))
 
     def compare(self, ref: Trace, dev: Trace, model: Model, scenario: Scenario) -> TraceComparison:
         """Token equality of ``dev`` against ``ref``; near-ties are kept for the run summary."""

@@ -53,6 +53,7 @@ def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_s
     assert check_full_batch(trace.engine_steps, max_num_seqs) is None, check_full_batch(
         trace.engine_steps, max_num_seqs)
     assert check_no_preemption(trace) is None, check_no_preemption(trace)
+    assert hil.ledger_report(trace) is None, hil.ledger_report(trace)
     assert_tokens_equal(hil, model, scenario, trace)
 
 

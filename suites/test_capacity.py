@@ -1,0 +1,79 @@
+"""The KV block count: a pool that cannot serve one full-length request is refused.
+
+A full-length request needs ceil(max_model_len / block_size) blocks plus the
+pad/null block. vllm-spyre refuses too few blocks at engine start; vLLM 0.17
+does not check an override, so the harness preflight refuses it before the run.
+"""
+
+import pytest
+
+from harness.capacity import CapacityError, blocks_needed, full_batch_shortfall
+from harness.engine_host import EngineStartError
+from harness.preemption import check_no_preemption
+from harness.scenario import EngineLimits, shaped_scenario
+
+pytestmark = pytest.mark.capacity
+
+MAX_MODEL_LEN = 256
+CPU_BLOCK = 16
+SPYRE_BLOCK = 64
+
+
+def full_length_scenario(model, max_num_seqs=2):
+    limits = EngineLimits(MAX_MODEL_LEN, max_num_seqs, cp_chunk=128)
+    return shaped_scenario("one-full-length", model.tokenizer, [(64, MAX_MODEL_LEN - 64, 0)], limits)
+
+
+@pytest.mark.hil_targets("vllm-cpu")
+def test_override_below_one_request_is_refused_before_start(hil, model, target_variant):
+    scenario = full_length_scenario(model)
+    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK,
+                               num_blocks_override=need.one_request - 1)
+
+    with pytest.raises(CapacityError) as refused:
+        hil.generate(engine, scenario)
+
+    text = str(refused.value)
+    assert f"{need.one_request - 1} blocks (num_gpu_blocks_override) cannot serve one" in text
+    assert f"ceil(256/16) = 16 blocks of 16 tokens, plus 1 pad/null block = {need.one_request}" in text
+    assert engine.key not in {e["key"] for e in hil.pool.started}, "an engine was started anyway"
+
+
+@pytest.mark.hil_targets("vllm-cpu")
+def test_exactly_one_request_plus_pad_block_serves_a_full_length_request(hil, model, target_variant):
+    scenario = full_length_scenario(model)
+    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK,
+                               num_blocks_override=need.one_request)
+
+    trace = hil.run_steps(engine, scenario)
+
+    assert check_no_preemption(trace) is None, check_no_preemption(trace)
+    assert hil.ledger_report(trace) is None, hil.ledger_report(trace)
+    verdict = hil.compare(hil.reference(model, scenario), trace, model, scenario)
+    assert verdict.ok, verdict.report()
+
+
+@pytest.mark.hil_targets("cb", "cp")
+def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
+    scenario = full_length_scenario(model, max_num_seqs=2)
+    too_few = MAX_MODEL_LEN // SPYRE_BLOCK  # one full-length request, no pad block
+    engine = hil.engine_config(target_variant, model, scenario, num_blocks_override=too_few)
+
+    with pytest.raises(EngineStartError) as refused:
+        hil.generate(engine, scenario)
+
+    assert "Number of pages available on Spyre" in str(refused.value)
+
+
+@pytest.mark.hil_targets("vllm-cpu", "cb", "cp")
+def test_device_decided_block_count_serves_a_full_batch(hil, model, target_variant):
+    scenario = full_length_scenario(model, max_num_seqs=2)
+    engine = hil.engine_config(target_variant, model, scenario)
+    hil.kv_snapshot(engine)
+    info = hil.pool.get(engine).info
+
+    need = blocks_needed(MAX_MODEL_LEN, 2, info["kv_block_size"])
+    assert info["kv_num_blocks"] >= need.one_request
+    assert full_batch_shortfall(need, info["kv_num_blocks"]) is None
