@@ -789,7 +789,7 @@ def check_trace_ledger(
     idle_steps = {initial["step"]} if initial else set()
     if idle_at_end and steps:
         idle_steps.add(steps[-1]["step"])
-    out = check_engine_steps(all_steps, None)
+    out = check_engine_steps(all_steps, None) + check_dummy_returned(list(steps))
     for d in all_steps:
         if d["step"] in idle_steps:
             for kd in d.get("kv", []):
@@ -820,3 +820,26 @@ def ledger_report(
     if len(violations) > 20:
         lines.append(f"  ... {len(violations) - 20} more")
     return "\n".join(lines)
+
+
+def check_dummy_returned(steps: list[dict[str, Any]]) -> list[Violation]:
+    """Dummy blocks (legacy minimum-decode-batch padding) are back in the pool by the step
+    where a second real request runs, or the batch empties: a dummy may hold blocks only
+    while exactly one real request is running."""
+    out: list[Violation] = []
+    for d in steps:
+        running = [r for r in d.get("running", []) if not is_dummy_id(str(r))]
+        if len(running) == 1:
+            continue
+        for kd in d.get("kv", []):
+            s = KvSnapshot.from_dict(kd)
+            for dummy in s.dummy_ids:
+                held = s.owned.get(dummy) or []
+                if held:
+                    why = "the batch is empty" if not running else f"{len(running)} real requests run"
+                    out.append(Violation(
+                        "dummy_returned",
+                        f"dummy {dummy!r} still holds blocks {sorted(held)} although {why}",
+                        d["step"],
+                    ))
+    return out

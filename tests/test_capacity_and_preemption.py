@@ -1,0 +1,109 @@
+"""Pure checks: preflight block arithmetic, preemption signals, full-batch precondition,
+dummy-block return; each shown to hold and to fail on a constructed trace."""
+
+import pytest
+
+from harness.capacity import (
+    CapacityError,
+    blocks_needed,
+    full_batch_shortfall,
+    preflight,
+    preflight_config,
+)
+from harness.engine_config import EngineConfig
+from harness.kv import KvSnapshot, check_dummy_returned
+from harness.preemption import (
+    check_full_batch,
+    check_no_preemption,
+    count_preemptions,
+    largest_batch,
+)
+from harness.trace import RequestTrace, Trace
+
+
+def test_block_need_arithmetic():
+    need = blocks_needed(256, 4, 16)
+    assert (need.per_request, need.one_request, need.full_batch) == (16, 17, 65)
+    # The Neuron geometry: one block per sequence, plus the null block.
+    neuron = blocks_needed(256, 4, 256)
+    assert (neuron.per_request, neuron.full_batch) == (1, 5)
+    assert blocks_needed(250, 1, 64).per_request == 4  # partial blocks round up
+
+
+def test_preflight_refuses_below_one_request_and_explains():
+    need = blocks_needed(256, 4, 64)
+    preflight(need, 5, "override")
+    with pytest.raises(CapacityError, match=r"4 blocks \(override\) cannot serve one full-length request"):
+        preflight(need, 4, "override")
+
+
+def test_full_batch_shortfall_names_the_off_by_one():
+    need = blocks_needed(256, 4, 256)
+    assert full_batch_shortfall(need, 5) is None
+    assert "4 x 1 + 1 = 5" in full_batch_shortfall(need, 4)
+
+
+def test_preflight_config_only_where_the_stack_does_not_check():
+    ok = EngineConfig(target="vllm-cpu", model="/m", max_model_len=256, max_num_seqs=2,
+                      block_size=16, num_blocks_override=17)
+    preflight_config(ok)
+    with pytest.raises(CapacityError):
+        preflight_config(ok.with_(num_blocks_override=16))
+    spyre = EngineConfig(target="spyre", model="/m", max_model_len=256, max_num_seqs=2,
+                         mode="cb", backend="eager", num_blocks_override=2)
+    preflight_config(spyre)  # vllm-spyre refuses it itself, at start
+
+
+def step(n, running=(), waiting=(), preempted=(), kv=()):
+    return {"step": n, "running": list(running), "waiting": list(waiting),
+            "preempted": list(preempted), "kv": list(kv)}
+
+
+def trace(steps, metric=0.0, per_request=None):
+    t = Trace(target="t", engine_steps=steps, metrics={"vllm:num_preemptions": metric})
+    for rid, n in (per_request or {"r0": 0, "r1": 0}).items():
+        t.requests[rid] = RequestTrace(request_id=rid, prompt_token_ids=[1], num_preemptions=n)
+    return t
+
+
+def test_full_batch_precondition():
+    steps = [step(0, ["r0"], ["r1", "r2"]), step(1, ["r0", "r1", "r2"], ["r3"]), step(2, ["r3"])]
+    assert largest_batch(steps) == (3, 1)
+    msg = check_full_batch(steps, 4)
+    assert "max_num_seqs=4 but the largest batch seen was 3 running requests (first at step 1)" in msg
+    assert check_full_batch(steps, 3) is None
+
+
+def test_each_preemption_signal_alone_fails_the_check():
+    clean = trace([step(0, ["r0", "r1"])])
+    assert check_no_preemption(clean) is None
+    by_metric = trace([step(0, ["r0", "r1"])], metric=1.0)
+    by_request = trace([step(0, ["r0", "r1"])], per_request={"r0": 1, "r1": 0})
+    by_step = trace([step(0, ["r0"], preempted=["r1"])])
+    for t in (by_metric, by_request, by_step):
+        msg = check_no_preemption(t)
+        assert msg is not None and msg.startswith("recompute:")
+    assert "step 0: ['r1']" in check_no_preemption(by_step)
+    assert not count_preemptions(by_metric).all_signals_agree_preempted()
+    all_three = trace([step(3, ["r0"], preempted=["r1"])], metric=1.0, per_request={"r1": 1})
+    assert count_preemptions(all_three).all_signals_agree_preempted()
+
+
+def snap(owned, free, dummy_ids=()):
+    return KvSnapshot(source="spyre-legacy-runner", num_blocks=8, pad_blocks=[], free_blocks=free,
+                      owned=owned, dummy_ids=list(dummy_ids), reserved=None,
+                      reported_free=None, tkv=None).to_dict()
+
+
+def test_dummy_blocks_must_be_back_when_a_second_request_joins():
+    alone = step(3, ["r0"], kv=[snap({"r0": [0], "dummy": [1]}, [2, 3, 4, 5, 6, 7], ["dummy"])])
+    joined_ok = step(4, ["r0", "r1"], kv=[snap({"r0": [0], "r1": [2]}, [1, 3, 4, 5, 6, 7])])
+    joined_leak = step(4, ["r0", "r1"], kv=[snap({"r0": [0], "r1": [2], "dummy": [1]},
+                                                  [3, 4, 5, 6, 7], ["dummy"])])
+    empty_leak = step(9, [], kv=[snap({"dummy": [1]}, [0, 2, 3, 4, 5, 6, 7], ["dummy"])])
+    assert check_dummy_returned([alone, joined_ok]) == []
+    (v,) = check_dummy_returned([alone, joined_leak])
+    assert (v.invariant, v.step) == ("dummy_returned", 4)
+    assert "dummy 'dummy' still holds blocks [1] although 2 real requests run" in v.message
+    (v,) = check_dummy_returned([empty_leak])
+    assert "the batch is empty" in v.message
