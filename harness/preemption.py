@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.kv import format_step_table
 from harness.trace import Trace
 
 PREEMPTION_METRIC = "vllm:num_preemptions"
@@ -74,11 +75,14 @@ def check_full_batch(steps: list[dict[str, Any]], max_num_seqs: int) -> str | No
         return None
     where = f" (first at step {at})" if at is not None else ""
     waiting = max((len(s.get("waiting", [])) for s in steps), default=0)
-    return (
+    message = (
         f"full batch never reached: max_num_seqs={max_num_seqs} but the largest batch seen"
         f" was {best} running requests{where}, with up to {waiting} waiting; the run proves"
         " nothing about a full batch (is the KV cache one block short?)"
     )
+    if at is not None:
+        message += "\n" + format_step_table(steps, at)
+    return message
 
 
 def check_no_preemption(trace: Trace) -> str | None:
@@ -86,4 +90,7 @@ def check_no_preemption(trace: Trace) -> str | None:
     count = count_preemptions(trace)
     if not count.any():
         return None
-    return f"recompute: requests were preempted and recomputed: {count.describe()}"
+    message = f"recompute: requests were preempted and recomputed: {count.describe()}"
+    if count.per_step:
+        message += "\n" + format_step_table(trace.engine_steps, min(count.per_step))
+    return message
