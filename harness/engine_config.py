@@ -51,6 +51,7 @@ class EngineConfig:
     warmup: WarmupShape | None = None
     faults: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    device: str | None = None  # the leased device (inventory id) the engine runs on
 
     def __post_init__(self) -> None:
         validate_engine_config(self)

@@ -64,6 +64,9 @@ class EngineSide:
         self.config = config
         from harness import faults
 
+        device = os.environ.get("HIL_DEVICE_ID", "cpu (shared)")
+        print(f"[hil] engine {config.get('target')} {config.get('mode') or ''} on device {device}",
+              flush=True)
         faults.apply_faults(list(config.get("faults", [])), config)
         from vllm import LLM
 

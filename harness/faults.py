@@ -110,7 +110,47 @@ def kv_blocks_short(config: dict[str, Any], by: str = "1") -> None:
     EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
 
 
+def crash_engine(config: dict[str, Any], when: str = "start") -> None:
+    """The engine process dies: at start (a card that cannot come up) or at its first
+    generate/step call (a card that falls over under load)."""
+    import os
+
+    if when == "start":
+        print("[hil] fault crash_engine: exiting at start", flush=True)
+        os._exit(3)
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    def step(self: Any, *a: Any, **kw: Any) -> Any:
+        if armed():
+            print("[hil] fault crash_engine: exiting during a step", flush=True)
+            os._exit(3)
+        return original(self, *a, **kw)
+
+    original = LLMEngine.step
+    LLMEngine.step = step  # type: ignore[method-assign]
+
+
+def hang_engine(config: dict[str, Any]) -> None:
+    """The engine stops answering at its first step after start (a hung device)."""
+    import time
+
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    original = LLMEngine.step
+
+    def step(self: Any, *a: Any, **kw: Any) -> Any:
+        if armed():
+            print("[hil] fault hang_engine: hanging", flush=True)
+            while True:
+                time.sleep(60)
+        return original(self, *a, **kw)
+
+    LLMEngine.step = step  # type: ignore[method-assign]
+
+
 FAULTS: dict[str, FaultFn] = {
+    "crash-engine": crash_engine,
+    "hang-engine": hang_engine,
     "perturb-logit": perturb_logit,
     "forget-free": forget_free,
     "leak-warmup-block": leak_warmup_block,
@@ -136,8 +176,12 @@ def parse_fault(spec: str) -> tuple[FaultFn, dict[str, str]]:
 
 
 def apply_faults(specs: list[str], config: dict[str, Any]) -> None:
-    """Install every fault in ``specs``; called in the engine process before vLLM starts."""
-    for spec in specs:
+    """Install every fault in ``specs`` and in ``$HIL_FAULTS`` (separated by ";"; set per
+    device in an inventory to simulate a broken card); called before vLLM starts."""
+    import os
+
+    env_specs = [x.strip() for x in os.environ.get("HIL_FAULTS", "").split(";") if x.strip()]
+    for spec in list(specs) + env_specs:
         fn, kwargs = parse_fault(spec)
         fn(config, **kwargs)
         print(f"[hil] fault installed: {spec}", flush=True)

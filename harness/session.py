@@ -19,7 +19,15 @@ from typing import Any
 from harness.capacity import CapacityError, check_capacity, preflight_config
 from harness.compare import NearTiePolicy, TraceComparison, compare_traces
 from harness.engine_config import ConfigError, EngineConfig
-from harness.engine_host import EngineCrashed, EngineError, EngineHost, EngineTimeout
+from harness.engine_host import (
+    EngineCrashed,
+    EngineError,
+    EngineHost,
+    EngineRequestError,
+    EngineStartError,
+    EngineTimeout,
+)
+from harness.leases import LeaseManager
 from harness.reference_cache import ReferenceCache
 from harness.scenario import PromptSet, Scenario
 from harness.targets import target_for
@@ -89,9 +97,11 @@ class EnginePool:
             self._failed[key] = e
             raise
         try:
+            env = target.engine_env()
+            env.update(dict(cfg.extra_env))
             host = EngineHost(
                 cfg,
-                target.engine_env(),
+                env,
                 target.llm_kwargs(),
                 self.opts.reports_dir / "engine-logs",
                 start_timeout=self.opts.start_timeout,
@@ -134,6 +144,8 @@ class HilSession:
         self._models: dict[str, Model] = {}
         self._refs: dict[str, ReferenceRunner] = {}
         self.near_ties: list[str] = []
+        self.leases: LeaseManager | None = None
+        self.current_test = ""
 
     # -- models and prompts -------------------------------------------------
     def model(self, value: str) -> Model:
@@ -186,22 +198,42 @@ class HilSession:
             self._refs[model.content_hash] = runner
         return runner.run(scenario.payload(), top_k=self.opts.near_tie.top_k)
 
-    def generate(self, cfg: EngineConfig, scenario: Scenario) -> Trace:
-        """Run every request of ``scenario`` in one engine call on the engine of ``cfg``."""
-        self.check_scenario(cfg, scenario)
-        host = self.pool.get(cfg)
-        t0 = time.monotonic()
+    def _call(self, cfg: EngineConfig, op: str, payload: Any) -> tuple[EngineHost, Any]:
+        """One command on the engine of ``cfg``; a dead or hung engine is dropped, and the
+        device it ran on is marked broken so later tests skip with this error."""
         try:
-            result = host.call(
-                "generate",
-                {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k},
-                timeout=self.opts.call_timeout,
-            )
-        except (EngineCrashed, EngineTimeout):
+            host = self.pool.get(cfg)
+        except EngineStartError as e:
+            self._device_failed(cfg, e)
+            raise
+        try:
+            return host, host.call(op, payload, timeout=self.opts.call_timeout)
+        except (EngineCrashed, EngineTimeout) as e:
+            self.pool.discard(cfg.key)
+            self._device_failed(cfg, e)
+            raise
+        except EngineRequestError:
+            raise
+        except BaseException:
+            # Interrupted mid-call (e.g. pytest-timeout): the engine's state is unknown.
             self.pool.discard(cfg.key)
             raise
         finally:
             self.pool.release(cfg)
+
+    def _device_failed(self, cfg: EngineConfig, error: Exception) -> None:
+        if cfg.device and self.leases is not None:
+            for lease in self.leases.held.values():
+                if lease.device.id == cfg.device:
+                    self.leases.mark_broken(lease.device, self.current_test, str(error))
+
+    def generate(self, cfg: EngineConfig, scenario: Scenario) -> Trace:
+        """Run every request of ``scenario`` in one engine call on the engine of ``cfg``."""
+        self.check_scenario(cfg, scenario)
+        t0 = time.monotonic()
+        host, result = self._call(
+            cfg, "generate", {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k}
+        )
         trace = Trace(target=cfg.label, metrics=result["metrics"], info=dict(host.info))
         trace.info["generate_seconds"] = round(time.monotonic() - t0, 3)
         for r in result["requests"]:
@@ -213,20 +245,11 @@ class HilSession:
         (the KV snapshots only when ``probe``, by default the session's ``kv_probe``)."""
         probe = self.opts.kv_probe if probe is None else probe
         self.check_scenario(cfg, scenario)
-        host = self.pool.get(cfg)
         t0 = time.monotonic()
-        try:
-            result = host.call(
-                "run_steps",
-                {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k,
-                 "probe": probe},
-                timeout=self.opts.call_timeout,
-            )
-        except (EngineCrashed, EngineTimeout):
-            self.pool.discard(cfg.key)
-            raise
-        finally:
-            self.pool.release(cfg)
+        host, result = self._call(
+            cfg, "run_steps",
+            {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k, "probe": probe},
+        )
         trace = Trace(target=cfg.label, metrics=result["metrics"], info=dict(host.info),
                       engine_steps=result["steps"])
         trace.info.update(initial=result["initial"], idle=result["idle"],
@@ -237,7 +260,7 @@ class HilSession:
 
     def kv_snapshot(self, cfg: EngineConfig) -> list[dict[str, Any]]:
         """The engine's KV ledgers right now (after start-up: an idle point)."""
-        return self.pool.get(cfg).call("kv_snapshot")
+        return self._call(cfg, "kv_snapshot", None)[1]
 
     def ledger_report(self, trace: Trace) -> str | None:
         """None when every KV ledger invariant held at every step, else what broke."""
@@ -265,6 +288,7 @@ class HilSession:
             "reference_hits": self.ref_cache.hits,
             "reference_misses": self.ref_cache.misses,
             "near_ties": self.near_ties,
+            "leases": [lease.describe() for lease in self.leases.held.values()] if self.leases else [],
         }
 
     def write_stats(self, worker: str) -> Path:
@@ -275,4 +299,7 @@ class HilSession:
         return path
 
     def close(self) -> None:
+        """Stop every engine, then give the leased devices back."""
         self.pool.close()
+        if self.leases is not None:
+            self.leases.release_all()

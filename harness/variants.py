@@ -20,6 +20,14 @@ class TargetVariant:
     backend: str | None
     mode: str | None
     markers: tuple[str, ...]
+    device: str | None = None  # inventory id of the leased device, once leased
+    device_env: tuple[tuple[str, str], ...] = ()
+
+    def on_device(self, device: str, env: dict[str, str]) -> TargetVariant:
+        """This variant bound to a leased device and its environment."""
+        from dataclasses import replace
+
+        return replace(self, device=device, device_env=tuple(sorted(env.items())))
 
     def engine_config(
         self, model: str, limits: EngineLimits, **overrides: object
@@ -39,6 +47,8 @@ class TargetVariant:
             backend=self.backend,
             warmup=warmup,
             max_num_batched_tokens=limits.cp_chunk if self.mode == "cp" else None,
+            device=self.device,
+            extra_env=self.device_env,
         )
         kwargs.update(overrides)
         return EngineConfig(**kwargs)  # type: ignore[arg-type]

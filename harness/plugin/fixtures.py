@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness.compare import NearTiePolicy
+from harness.inventory import discover_inventory, load_inventory
+from harness.leases import LEASED_KINDS, LeaseManager, LeaseUnavailable
 from harness.session import HilSession, Model, SessionOptions
 from harness.targets import VLLM_TARGETS
 from harness.variants import TargetVariant
@@ -39,11 +41,21 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         kv_probe=not opt("--no-kv-probe"),
     )
     session = HilSession(opts)
+    inv_path = opt("--inventory")
+    inventory = load_inventory(Path(inv_path)) if inv_path else discover_inventory()
+    session.leases = LeaseManager(
+        inventory,
+        lease_dir=Path(opt("--lease-dir")),
+        run_dir=opts.reports_dir / "devices",
+        worker=_worker_id(pytestconfig),
+        wait_seconds=opt("--lease-wait"),
+        share=opt("--lease-share"),
+    )
     try:
         yield session
     finally:
-        session.close()
         session.write_stats(_worker_id(pytestconfig))
+        session.close()
 
 
 @pytest.fixture(scope="session")
@@ -55,13 +67,33 @@ def model(request: pytest.FixtureRequest, hil: HilSession) -> Model:
         pytest.fail(str(e), pytrace=False)
 
 
+def _missing(request: pytest.FixtureRequest, reason: str) -> None:
+    if request.config.getoption("--require-device"):
+        pytest.fail(f"device required but missing: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture
-def target_variant(request: pytest.FixtureRequest) -> TargetVariant:
-    """The device variant under test; skips (or fails with --require-device) when absent."""
+def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVariant:
+    """The device variant under test, bound to a leased device where the inventory has one;
+    skips (or fails with --require-device) when the device is absent or marked broken."""
     variant: TargetVariant = request.param
-    probe = VLLM_TARGETS[variant.target].availability_probe(variant)
-    if probe is not None:
-        if request.config.getoption("--require-device"):
-            pytest.fail(f"device required but missing: {probe}", pytrace=False)
-        pytest.skip(probe)
-    return variant
+    hil.current_test = request.node.nodeid
+    leases = hil.leases
+    served = leases.inventory.serving(variant.target, variant.backend, variant.mode) if leases else []
+    if not any(d.kind in LEASED_KINDS for d in served):
+        probe = VLLM_TARGETS[variant.target].availability_probe(variant)
+        if probe is not None:
+            _missing(request, probe)
+        return variant
+    assert leases is not None
+    try:
+        lease = leases.lease(variant.target, variant.backend, variant.mode)
+    except LeaseUnavailable as e:
+        _missing(request, str(e))
+    assert lease is not None
+    broken = leases.broken(lease.device)
+    if broken:
+        _missing(request, broken)
+    request.node.user_properties.append(("device", lease.device.id))
+    return variant.on_device(lease.device.id, lease.env())

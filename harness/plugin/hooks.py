@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from fixtures.models import MODEL_SPECS
+from harness.inventory import InventoryError, load_inventory
+from harness.quarantine import apply_quarantine, load_quarantine, quarantined_passes
+from harness.shard import in_shard, parse_shard, shard_key
 from harness.variants import VARIANTS, select_variants
+
+SHARD_KEY = pytest.StashKey[object]()
+QUARANTINE_KEY = pytest.StashKey[list]()
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,6 +32,7 @@ MARKERS = {
     "block_freeing": "suite: padding and dummy KV blocks are freed",
     "capacity": "suite: KV block count can serve a full-length request",
     "hil_targets": "hil_targets(spec): limit a test's target variants (same syntax as --target)",
+    "nightly": "in the nightly selection (hil nightly)",
 }
 
 DEFAULT_MODELS = ",".join(MODEL_SPECS)
@@ -71,6 +78,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--inject-fault", action="append", default=[], metavar="FAULT[:k=v,...]",
                 help="install a fault (harness/faults.py) in every engine, to prove the"
                 " checks fail; repeatable")
+    g.addoption("--inventory", default=os.environ.get("HIL_INVENTORY", ""),
+                help="inventory file (TOML or YAML) listing this host's devices; overrides"
+                " discovery (env HIL_INVENTORY)")
+    g.addoption("--lease-dir", default=os.environ.get("HIL_LEASE_DIR", "/tmp/vllm-hil-leases"),
+                help="host-wide folder of device lease locks (env HIL_LEASE_DIR)")
+    g.addoption("--lease-wait", type=float, default=600.0,
+                help="seconds a worker waits for a device when all are leased (default 600)")
+    g.addoption("--lease-share", action="store_true",
+                help="when all devices are leased, share one instead of waiting")
+    g.addoption("--shard", default=os.environ.get("HIL_SHARD", ""), metavar="I/N",
+                help="run only shard I of N (1-based); N hosts with I=1..N run every test once")
+    g.addoption("--quarantine", default=os.environ.get("HIL_QUARANTINE", str(ROOT / "quarantine.toml")),
+                help="known failures: run and reported as known, not failing the run")
     g.addoption("--engine-timeout", type=float, default=900.0,
                 help="seconds one engine call may take before the engine is killed")
 
@@ -103,9 +123,19 @@ def pytest_configure(config: pytest.Config) -> None:
             parse_fault(spec)
         except (ValueError, ImportError, AttributeError) as e:
             raise pytest.UsageError(f"--inject-fault: {e}") from None
+    try:
+        config.stash[SHARD_KEY] = parse_shard(config.getoption("--shard"))
+        config.stash[QUARANTINE_KEY] = load_quarantine(Path(config.getoption("--quarantine")))
+        inv = config.getoption("--inventory")
+        if inv:
+            load_inventory(Path(inv))
+    except (ValueError, InventoryError) as e:
+        raise pytest.UsageError(str(e)) from None
     if not _is_worker(config):
-        # Stale per-worker statistics from an earlier run must not be summed in.
-        shutil.rmtree(Path(config.getoption("--hil-reports-dir")) / "stats", ignore_errors=True)
+        # Stale per-worker statistics and broken-device records of an earlier run must go.
+        reports = Path(config.getoption("--hil-reports-dir"))
+        shutil.rmtree(reports / "stats", ignore_errors=True)
+        shutil.rmtree(reports / "devices", ignore_errors=True)
 
 
 def _model_id(value: str) -> str:
@@ -144,11 +174,23 @@ def _variant_rank(item: pytest.Item) -> tuple[int, str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Equal engine configurations run together, so each engine starts once.
     items.sort(key=_variant_rank)
+    shard = config.stash.get(SHARD_KEY, None)
+    if shard is not None:
+        keep = [i for i in items if in_shard(shard_key(i), shard)]
+        drop = [i for i in items if not in_shard(shard_key(i), shard)]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    apply_quarantine(items, config.stash.get(QUARANTINE_KEY, []))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     if _is_worker(config):
         return
+    for nodeid in quarantined_passes(terminalreporter):
+        terminalreporter.write_line(
+            f"WARNING: quarantined test passes now; remove it from quarantine: {nodeid}",
+            yellow=True, bold=True)
     stats_dir = Path(config.getoption("--hil-reports-dir")) / "stats"
     files = sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []
     if not files:
@@ -156,14 +198,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     engines: list[dict] = []
     hits = misses = 0
     near: list[str] = []
+    leases: list[str] = []
     for f in files:
         s = json.loads(f.read_text())
         engines += s["engines"]
         hits += s["reference_hits"]
         misses += s["reference_misses"]
         near += s["near_ties"]
+        leases += s.get("leases", [])
     tr = terminalreporter
     tr.section("vllm-hil")
+    for line in leases:
+        tr.write_line(f"lease: {line}")
     starts = ", ".join(f"{e['config']} {e['seconds']}s" for e in engines) or "none"
     tr.write_line(f"engines started: {len(engines)} ({starts})")
     tr.write_line(f"reference cache: {hits} hits, {misses} computed")

@@ -1,0 +1,173 @@
+"""Inventory: the devices of a lab host, from discovery or from an inventory file.
+
+An inventory file (TOML or YAML) overrides discovery. Schema, one entry per device:
+
+    [[device]]
+    id = "card0"                 # unique name, used for leases and in reports
+    kind = "spyre"               # spyre | neuron | cpu
+    backend = "sendnn"           # spyre only: sendnn (a card) or eager (a CPU-mode stand-in)
+    address = "0000:3b:00.0"     # optional: PCI address (spyre) or /dev node (neuron) to check
+    features = ["sb", "cb", "cp"]  # optional: the modes it may run (default: all)
+    health = "ok"                # ok | broken | maintenance (only ok devices are leased)
+    env = { AIU_WORLD_RANK_0 = "0000:3b:00.0" }   # set in engines started on it
+
+A device listed with an ``address`` that is not there is kept, marked absent,
+so tests that need it skip (or fail under --require-device) saying so.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KINDS = ("spyre", "neuron", "cpu")
+HEALTH = ("ok", "broken", "maintenance")
+SPYRE_MODES = ("sb", "cb", "cp")
+
+
+class InventoryError(ValueError):
+    """An inventory file that cannot be used; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class InventoryDevice:
+    id: str
+    kind: str
+    backend: str | None = None
+    address: str | None = None
+    features: tuple[str, ...] = ()
+    health: str = "ok"
+    env: tuple[tuple[str, str], ...] = ()
+    present: bool = True
+    detail: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.present and self.health == "ok"
+
+    def why_unusable(self) -> str:
+        if not self.present:
+            return f"device {self.id} ({self.kind}) is listed but absent: {self.detail}"
+        return f"device {self.id} ({self.kind}) has health {self.health!r} in the inventory"
+
+    def serves(self, target: str, backend: str | None, mode: str | None) -> bool:
+        """Whether an engine of this target/backend/mode runs on this device."""
+        if target == "spyre":
+            ok = self.kind == "spyre" and (self.backend or "sendnn") == backend
+            return ok and (not self.features or mode in self.features)
+        if target == "neuron":
+            return self.kind == "neuron"
+        return self.kind == "cpu"
+
+
+@dataclass
+class Inventory:
+    devices: list[InventoryDevice] = field(default_factory=list)
+    source: str = "discovery"
+
+    def serving(self, target: str, backend: str | None, mode: str | None) -> list[InventoryDevice]:
+        return [d for d in self.devices if d.serves(target, backend, mode)]
+
+    def kinds(self) -> list[str]:
+        return sorted({d.kind for d in self.devices})
+
+
+def _present(kind: str, address: str | None, root: Path) -> tuple[bool, str]:
+    if not address:
+        return True, "no address to check"
+    if kind == "spyre":
+        path = root / "sys/bus/pci/devices" / address
+    elif kind == "neuron":
+        path = root / "dev" / address.removeprefix("/dev/")
+    else:
+        return True, "cpu"
+    return path.exists(), f"looked for {path}"
+
+
+def _parse(path: Path) -> tuple[dict[str, Any], str]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
+            raise InventoryError(f"{path}: invalid YAML at {where}: {e.problem}") from None
+        return (data or {}), "yaml"
+    try:
+        return tomllib.loads(text), "toml"
+    except tomllib.TOMLDecodeError as e:
+        raise InventoryError(f"{path}: invalid TOML: {e}") from None
+
+
+def load_inventory(path: Path, root: Path = Path("/")) -> Inventory:
+    """Read and validate an inventory file; absent devices are kept, marked absent."""
+    if not path.is_file():
+        raise InventoryError(f"inventory file not found: {path}")
+    data, _ = _parse(path)
+    entries = data.get("device") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise InventoryError(f"{path}: no devices: expected a list under 'device' ([[device]] in TOML)")
+    devices: list[InventoryDevice] = []
+    seen: set[str] = set()
+    for n, e in enumerate(entries, 1):
+        where = f"{path}: device #{n}"
+        if not isinstance(e, dict):
+            raise InventoryError(f"{where}: expected a table of fields, got {type(e).__name__}")
+        unknown = set(e) - {"id", "kind", "backend", "address", "features", "health", "env"}
+        if unknown:
+            raise InventoryError(f"{where}: unknown field(s) {sorted(unknown)}")
+        dev_id = e.get("id")
+        if not isinstance(dev_id, str) or not dev_id:
+            raise InventoryError(f"{where}: missing 'id'")
+        where = f"{path}: device #{n} ({dev_id!r})"
+        if dev_id in seen:
+            raise InventoryError(f"{where}: id listed twice")
+        seen.add(dev_id)
+        kind = e.get("kind")
+        if kind not in KINDS:
+            raise InventoryError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        backend = e.get("backend")
+        if kind == "spyre" and backend not in (None, "sendnn", "eager"):
+            raise InventoryError(f"{where}: spyre backend {backend!r} is not sendnn or eager")
+        health = e.get("health", "ok")
+        if health not in HEALTH:
+            raise InventoryError(f"{where}: health {health!r} is not one of {', '.join(HEALTH)}")
+        features = tuple(e.get("features", ()))
+        if kind == "spyre" and not set(features) <= set(SPYRE_MODES):
+            raise InventoryError(f"{where}: features {list(features)} must be among {SPYRE_MODES}")
+        env = e.get("env", {})
+        if not isinstance(env, dict):
+            raise InventoryError(f"{where}: env must be a table of NAME = \"value\"")
+        present, detail = _present(kind, e.get("address"), root)
+        devices.append(InventoryDevice(
+            id=dev_id, kind=kind, backend=backend or ("sendnn" if kind == "spyre" else None),
+            address=e.get("address"), features=features, health=health,
+            env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
+            present=present, detail=detail,
+        ))
+    return Inventory(devices=devices, source=str(path))
+
+
+def discover_inventory(root: Path = Path("/")) -> Inventory:
+    """The inventory discovery finds: Spyre cards, Neuron devices, and the CPU."""
+    from harness.devices import discover_neuron, discover_spyre
+
+    devices = []
+    for i, d in enumerate(discover_spyre(root).devices):
+        devices.append(InventoryDevice(
+            id=f"spyre{i}", kind="spyre", backend="sendnn", address=d.id,
+            health="ok" if d.usable else "broken", env=(("AIU_WORLD_RANK_0", d.id),),
+            present=True, detail=d.detail,
+        ))
+    for d in discover_neuron(root).devices:
+        devices.append(InventoryDevice(
+            id=d.id, kind="neuron", address=d.id, health="ok" if d.usable else "broken",
+            present=True, detail=d.detail,
+        ))
+    devices.append(InventoryDevice(id="cpu", kind="cpu", detail="this host's CPU"))
+    return Inventory(devices=devices, source="discovery")
