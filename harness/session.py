@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,19 @@ class HilSession:
         self.near_ties: list[str] = []
         self.leases: LeaseManager | None = None
         self.current_test = ""
+        # Evidence listeners, called as listener(event, data) with what the session ran
+        # and saw: "scenario" (config, scenario), "engine" (config, log_path, log_offset),
+        # "trace" (config, scenario, trace), "kv_snapshot" (config, snapshots),
+        # "comparison" (scenario, reference, trace, verdict), "ledger" (trace, report).
+        # The report plugin attaches them; they never change a run.
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+
+    def _notify(self, event: str, **data: Any) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(event, data)
+            except Exception:  # a report problem must never fail or alter a test
+                log.exception("evidence listener failed on %r", event)
 
     # -- models and prompts -------------------------------------------------
     def model(self, value: str) -> Model:
@@ -206,6 +220,9 @@ class HilSession:
         except EngineStartError as e:
             self._device_failed(cfg, e)
             raise
+        if self.listeners:
+            offset = host.log_path.stat().st_size if host.log_path.exists() else 0
+            self._notify("engine", config=cfg, log_path=host.log_path, log_offset=offset)
         try:
             return host, host.call(op, payload, timeout=self.opts.call_timeout)
         except (EngineCrashed, EngineTimeout) as e:
@@ -229,6 +246,7 @@ class HilSession:
 
     def generate(self, cfg: EngineConfig, scenario: Scenario) -> Trace:
         """Run every request of ``scenario`` in one engine call on the engine of ``cfg``."""
+        self._notify("scenario", config=cfg, scenario=scenario)
         self.check_scenario(cfg, scenario)
         t0 = time.monotonic()
         host, result = self._call(
@@ -238,12 +256,14 @@ class HilSession:
         trace.info["generate_seconds"] = round(time.monotonic() - t0, 3)
         for r in result["requests"]:
             trace.requests[r["request_id"]] = RequestTrace.from_dict(r)
+        self._notify("trace", config=cfg, scenario=scenario, trace=trace)
         return trace
 
     def run_steps(self, cfg: EngineConfig, scenario: Scenario, probe: bool | None = None) -> Trace:
         """Drive ``scenario`` one engine step at a time, recording scheduler and KV state
         (the KV snapshots only when ``probe``, by default the session's ``kv_probe``)."""
         probe = self.opts.kv_probe if probe is None else probe
+        self._notify("scenario", config=cfg, scenario=scenario)
         self.check_scenario(cfg, scenario)
         t0 = time.monotonic()
         host, result = self._call(
@@ -256,18 +276,23 @@ class HilSession:
                           run_seconds=round(time.monotonic() - t0, 3))
         for r in result["requests"]:
             trace.requests[r["request_id"]] = RequestTrace.from_dict(r)
+        self._notify("trace", config=cfg, scenario=scenario, trace=trace)
         return trace
 
     def kv_snapshot(self, cfg: EngineConfig) -> list[dict[str, Any]]:
         """The engine's KV ledgers right now (after start-up: an idle point)."""
-        return self._call(cfg, "kv_snapshot", None)[1]
+        snapshots = self._call(cfg, "kv_snapshot", None)[1]
+        self._notify("kv_snapshot", config=cfg, snapshots=snapshots)
+        return snapshots
 
     def ledger_report(self, trace: Trace) -> str | None:
         """None when every KV ledger invariant held at every step, else what broke."""
         from harness.kv import ledger_report
 
-        return ledger_report(trace.info.get("initial"), trace.engine_steps,
-                             bool(trace.info.get("idle")))
+        report = ledger_report(trace.info.get("initial"), trace.engine_steps,
+                               bool(trace.info.get("idle")))
+        self._notify("ledger", trace=trace, report=report)
+        return report
 
     def compare(self, ref: Trace, dev: Trace, model: Model, scenario: Scenario) -> TraceComparison:
         """Token equality of ``dev`` against ``ref``; near-ties are kept for the run summary."""
@@ -278,6 +303,7 @@ class HilSession:
             self.near_ties.append(
                 f"{dev.target} {scenario.name} request {d.request_id} position {d.position}"
             )
+        self._notify("comparison", scenario=scenario, reference=ref, trace=dev, verdict=verdict)
         return verdict
 
     # -- bookkeeping --------------------------------------------------------
