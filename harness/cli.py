@@ -2,7 +2,11 @@
 
     hil run [PYTEST ARGS...]   the main job: every suite against what this machine has,
                                writing reports/junit.xml and reports/allure-results
-    hil devices                what device discovery found, and why not
+    hil nightly [--shard I/N] [--inventory FILE] [PYTEST ARGS...]
+                               the nightly selection on this host's device kinds, devices
+                               required, exit code 0 only when every selected test passed
+    hil devices [--inventory FILE]
+                               what discovery (or the inventory) found, and why not
     hil models [NAME...]       build the tiny offline models and print their folders
 """
 
@@ -36,9 +40,52 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     return rc
 
 
+def nightly_selection(kinds: list[str]) -> str:
+    """The marker expression of a nightly on a host with these device kinds."""
+    wanted = ["cpu"] + [k for k in ("spyre", "neuron") if k in kinds]
+    return f"nightly and ({' or '.join(wanted)})"
+
+
+def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
+    from harness.inventory import InventoryError, discover_inventory, load_inventory
+
+    try:
+        inv = load_inventory(Path(args.inventory)) if args.inventory else discover_inventory()
+    except InventoryError as e:
+        print(f"hil nightly: {e}", file=sys.stderr)
+        return 2
+    kinds = sorted({d.kind for d in inv.devices if d.kind != "spyre" or d.backend == "sendnn"})
+    selection = nightly_selection(kinds)
+    print(f"hil nightly: devices from {inv.source}: {', '.join(d.id for d in inv.devices)};"
+          f" selection: {selection}", flush=True)
+    pytest_args = ["-m", selection, "--require-device"]
+    if args.shard:
+        pytest_args.append(f"--shard={args.shard}")
+    if args.inventory:
+        pytest_args.append(f"--inventory={args.inventory}")
+    rc = cmd_run(args, pytest_args + extra)
+    if rc == 5:
+        print("hil nightly: no test was selected; that is a failure", file=sys.stderr)
+        return 1
+    return rc
+
+
 def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
     from harness.devices import discover_neuron, discover_spyre
 
+    if args.inventory:
+        from harness.inventory import InventoryError, load_inventory
+
+        try:
+            inv = load_inventory(Path(args.inventory), Path(args.root))
+        except InventoryError as e:
+            print(f"hil devices: {e}", file=sys.stderr)
+            return 2
+        print(f"inventory {inv.source}: {len(inv.devices)} device(s)")
+        for d in inv.devices:
+            state = "usable" if d.usable else f"UNUSABLE: {d.why_unusable()}"
+            print(f"  {d.id}: {d.kind} {d.backend or ''} {state}")
+        return 0
     root = Path(args.root)
     for scan in (discover_spyre(root), discover_neuron(root)):
         print(f"{scan.kind}: {len(scan.usable)} usable of {len(scan.devices)} found"
@@ -67,15 +114,21 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run the suites and write reports (extra args go to pytest)")
     r.add_argument("--reports-dir", default=str(ROOT / "reports"))
     r.set_defaults(func=cmd_run)
+    n = sub.add_parser("nightly", help="the nightly: devices required, shardable")
+    n.add_argument("--reports-dir", default=str(ROOT / "reports"))
+    n.add_argument("--shard", default="", metavar="I/N")
+    n.add_argument("--inventory", default="")
+    n.set_defaults(func=cmd_nightly)
     d = sub.add_parser("devices", help="print discovered devices")
     d.add_argument("--root", default="/", help="filesystem root to scan (for fake trees)")
+    d.add_argument("--inventory", default="", help="an inventory file to check instead")
     d.set_defaults(func=cmd_devices)
     m = sub.add_parser("models", help="build the tiny offline models")
     m.add_argument("names", nargs="*")
     m.add_argument("--cache-dir", default=str(ROOT / ".hil-cache"))
     m.set_defaults(func=cmd_models)
     args, extra = p.parse_known_args(argv)
-    if args.cmd != "run" and extra:
+    if args.cmd not in ("run", "nightly") and extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args, extra))
 

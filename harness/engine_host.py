@@ -186,8 +186,9 @@ class EngineHost:
             self.proc.wait(timeout=30)
             cls = EngineStartError if starting else EngineCrashed
             raise cls(
-                f"engine {self.cfg.label} closed its connection ({e!r}), exit code"
-                f" {self.proc.returncode}",
+                f"engine {self.cfg.label} died with exit code {self.proc.returncode}"
+                f" {'while starting' if starting else 'during a call'}"
+                f" (its connection closed: {e!r})",
                 read_tail(self.log_path),
             ) from None
         if status == "ok":

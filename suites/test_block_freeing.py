@@ -10,7 +10,12 @@ import pytest
 from harness.kv import KvSnapshot, check_idle
 from harness.scenario import EngineLimits, shaped_scenario
 
-pytestmark = [pytest.mark.block_freeing, pytest.mark.hil_targets("vllm-cpu", "cb", "cp")]
+pytestmark = [
+    pytest.mark.block_freeing,
+    pytest.mark.nightly,
+    pytest.mark.timeout(1800),
+    pytest.mark.hil_targets("vllm-cpu", "cb", "cp"),
+]
 
 LIMITS = EngineLimits(max_model_len=256, max_num_seqs=4, cp_chunk=128)
 CPU_BLOCK = 16

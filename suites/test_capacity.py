@@ -12,7 +12,7 @@ from harness.engine_host import EngineStartError
 from harness.preemption import check_no_preemption
 from harness.scenario import EngineLimits, shaped_scenario
 
-pytestmark = pytest.mark.capacity
+pytestmark = [pytest.mark.capacity, pytest.mark.nightly, pytest.mark.timeout(900)]
 
 MAX_MODEL_LEN = 256
 CPU_BLOCK = 16

@@ -15,7 +15,7 @@ from harness.capacity import blocks_needed
 from harness.preemption import check_full_batch, check_no_preemption, count_preemptions
 from harness.scenario import EngineLimits, shaped_scenario
 
-pytestmark = pytest.mark.no_recompute
+pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout(1800)]
 
 MAX_MODEL_LEN = 256
 SPYRE_BLOCK = 64

@@ -12,7 +12,7 @@ from harness.scenario import PromptSet
 
 PROMPTS = PromptSet.load("token_equality")
 
-pytestmark = pytest.mark.token_equality
+pytestmark = [pytest.mark.token_equality, pytest.mark.nightly, pytest.mark.timeout(1800)]
 
 
 @pytest.mark.parametrize("case", PROMPTS.case_ids())

@@ -17,6 +17,7 @@ class SuiteRun:
     output: str
     outcomes: dict[str, str]  # test name -> passed/failed/skipped/error
     messages: dict[str, str]  # test name -> failure text
+    properties: dict[str, dict[str, str]]  # test name -> recorded properties
 
     def failed(self) -> list[str]:
         return [k for k, v in self.outcomes.items() if v in ("failed", "error")]
@@ -26,13 +27,17 @@ def run_suite(tmp_path: Path, *args: str, timeout: float = 1200) -> SuiteRun:
     """Run pytest on ``args`` in a child process with its own reports folder."""
     junit = tmp_path / "junit.xml"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-           f"--junitxml={junit}", f"--hil-reports-dir={tmp_path / 'reports'}", *args]
+           "-o", "junit_family=xunit1",  # keeps per-test properties (the leased device)
+           f"--junitxml={junit}", f"--hil-reports-dir={tmp_path / 'reports'}",
+           f"--lease-dir={tmp_path / 'leases'}", *args]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     outcomes: dict[str, str] = {}
     messages: dict[str, str] = {}
+    properties: dict[str, dict[str, str]] = {}
     if junit.exists():
         for case in ET.parse(junit).getroot().iter("testcase"):
             name = case.get("name", "")
+            properties[name] = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
             outcome = "passed"
             for tag in ("failure", "error", "skipped"):
                 el = case.find(tag)
@@ -41,4 +46,4 @@ def run_suite(tmp_path: Path, *args: str, timeout: float = 1200) -> SuiteRun:
                     messages[name] = (el.get("message") or "") + "\n" + (el.text or "")
                     break
             outcomes[name] = outcome
-    return SuiteRun(proc.returncode, proc.stdout + proc.stderr, outcomes, messages)
+    return SuiteRun(proc.returncode, proc.stdout + proc.stderr, outcomes, messages, properties)

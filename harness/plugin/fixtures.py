@@ -92,8 +92,8 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     except LeaseUnavailable as e:
         _missing(request, str(e))
     assert lease is not None
+    request.node.user_properties.append(("device", lease.device.id))
     broken = leases.broken(lease.device)
     if broken:
         _missing(request, broken)
-    request.node.user_properties.append(("device", lease.device.id))
     return variant.on_device(lease.device.id, lease.env())
