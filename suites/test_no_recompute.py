@@ -22,11 +22,19 @@ SPYRE_BLOCK = 64
 CPU_BLOCK = 16
 
 
+# Spyre batches share one tkv: a request joins only if its prompt, padded to the
+# batch's tkv, plus its max_tokens still fit max_model_len. Requests that fill
+# max_model_len exactly can join only at step 0, and with chunked prefill the
+# tkv has moved on by then (the precondition check caught it): one block of
+# headroom lets all max_num_seqs requests join while the batch decodes.
+TKV_HEADROOM = SPYRE_BLOCK
+
+
 def full_batch_scenario(model, max_num_seqs, prompt_len):
-    """max_num_seqs requests of prompt_len tokens, each generating up to max_model_len."""
+    """max_num_seqs requests of prompt_len tokens, generating up to max_model_len - headroom."""
     padded = math.ceil(prompt_len / SPYRE_BLOCK) * SPYRE_BLOCK
     limits = EngineLimits(MAX_MODEL_LEN, max_num_seqs, cp_chunk=128)
-    shapes = [(prompt_len, MAX_MODEL_LEN - padded, 0)] * max_num_seqs
+    shapes = [(prompt_len, MAX_MODEL_LEN - padded - TKV_HEADROOM, 0)] * max_num_seqs
     return shaped_scenario(f"full-batch-{max_num_seqs}x{prompt_len}", model.tokenizer, shapes, limits)
 
 
