@@ -1,3 +1,3 @@
 """Loads the vllm-hil pytest plugin for every suite and test in this repository."""
 
-pytest_plugins = ["harness.plugin.hooks", "harness.plugin.fixtures"]
+pytest_plugins = ["harness.plugin.hooks", "harness.plugin.fixtures", "harness.plugin.allure_report"]

@@ -1,0 +1,230 @@
+"""pytest hooks for the Allure report: labels, parameters, request steps, evidence
+attachments, and the run's report configuration.
+
+Active only when allure-pytest writes results (``--alluredir``). Suites know
+nothing of it: labels come from the test's module, function and callspec;
+evidence comes from ``HilSession.listeners`` while the test's call phase runs.
+Under xdist every worker labels and attaches its own tests; the controller
+alone writes categories.json, environment.properties and executor.json, and
+alone cleans the results folder for ``--clean-alluredir``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import allure
+import pytest
+from allure_commons import plugin_manager
+from allure_commons.types import AttachmentType
+from allure_commons.utils import uuid4
+
+from harness.report import attachments as att
+from harness.report.evidence import CallEvidence, StepInfo, run_steps_of
+from harness.report.labels import (
+    ReportParam,
+    device_instance,
+    humanize,
+    scenario_params,
+    static_labels,
+    static_params,
+)
+
+log = logging.getLogger("harness.report")
+
+EVIDENCE_KEY = pytest.StashKey[CallEvidence]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("vllm-hil")
+    g.addoption(
+        "--allure-attach-passed",
+        action="store_true",
+        default=os.environ.get("HIL_ALLURE_ATTACH_PASSED", "") not in ("", "0"),
+        help="attach the evidence (token diff, KV ledger, scenario, engine log) to passing"
+        " tests too, not only to failures (env HIL_ALLURE_ATTACH_PASSED)",
+    )
+
+
+def _active(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "allure_report_dir", None))
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # allure-pytest's --clean-alluredir empties the folder in every process; under
+    # xdist a worker would delete what another already wrote. Only the controller,
+    # which configures before any worker starts, may clean.
+    if _is_worker(config) and getattr(config.option, "clean_alluredir", False):
+        config.option.clean_alluredir = False
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if not _active(config) or _is_worker(config):
+        return
+    from harness.report.config import RunOptions, write_run_config
+
+    try:
+        opt = config.getoption
+        run = RunOptions(
+            targets=str(opt("--target", "") or "all"),
+            models=str(opt("--model", "")),
+            faults=", ".join(opt("--inject-fault", []) or []) or "none",
+            markers=str(opt("-m", "") or ""),
+            workers=str(getattr(config.option, "numprocesses", None) or "0"),
+            inventory=str(opt("--inventory", "") or ""),
+            args=" ".join(config.invocation_params.args),
+        )
+        write_run_config(Path(config.option.allure_report_dir), run)
+    except Exception as e:  # noqa: BLE001 - the run's verdict must not depend on its report
+        sys.stderr.write(f"vllm-hil: could not write the Allure report configuration: {e!r}\n")
+
+
+# ------------------------------------------------------------------ per test
+
+
+def _params_of(item: pytest.Item) -> dict[str, Any]:
+    callspec = getattr(item, "callspec", None)
+    return dict(callspec.params) if callspec is not None else {}
+
+
+def _add_param(p: ReportParam) -> None:
+    allure.dynamic.parameter(p.name, p.value, excluded=p.excluded)
+
+
+def _label_test(item: pytest.Item) -> None:
+    params = _params_of(item)
+    module = getattr(getattr(item, "module", None), "__name__", item.nodeid.split("::")[0])
+    function = getattr(getattr(item, "function", None), "__name__", item.name.split("[")[0])
+    for name, value in static_labels(module, function, params):
+        allure.dynamic.label(name, value)
+    # Not shown by Allure; lets the summary name a test so it can be rerun.
+    allure.dynamic.label("nodeid", item.nodeid)
+    for p in static_params(params):
+        _add_param(p)
+    callspec = getattr(item, "callspec", None)
+    title = humanize(function) + (f" [{callspec.id}]" if callspec is not None else "")
+    allure.dynamic.title(title)
+
+
+def _device_of(item: pytest.Item, evidence: CallEvidence | None) -> str:
+    recorded = dict(getattr(item, "user_properties", []) or []).get("device")
+    if recorded:
+        return str(recorded)
+    variant = _params_of(item).get("target_variant")
+    if evidence is None:
+        return device_instance(variant)
+    _, config = evidence.first_scenario()
+    if config is None and evidence.configs:
+        config = evidence.configs[0]
+    if getattr(config, "device", None):
+        return str(config.device)
+    return device_instance(variant, evidence.first_trace_info(), config)
+
+
+def _emit_step(step: StepInfo) -> None:
+    uuid = uuid4()
+    plugin_manager.hook.start_step(uuid=uuid, title=step.title, params=step.params)
+    for child in step.children:
+        _emit_step(child)
+    exc: BaseException | None = None
+    if step.failure:
+        exc = AssertionError(step.failure)
+    elif step.broken:
+        exc = RuntimeError("no answer from the engine")
+    plugin_manager.hook.stop_step(
+        uuid=uuid, exc_type=type(exc) if exc else None, exc_val=exc, exc_tb=None
+    )
+
+
+def _attach_text(body: str, name: str, kind: Any) -> None:
+    if body:
+        allure.attach(body, name=name, attachment_type=kind)
+
+
+def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseException] | None) -> None:
+    many = len([r for r in evidence.runs if r.scenario is not None]) > 1
+    for i, run in enumerate(evidence.runs):
+        suffix = f" ({i + 1}: {getattr(run.scenario, 'name', '')})" if many else ""
+        title = f"{getattr(run.scenario, 'name', '?')} on {getattr(run.config, 'label', '?')}"
+        if run.comparison is not None and run.reference is not None:
+            page = att.token_diff_html(run.comparison, run.reference, run.trace, title)
+            _attach_text(page, "token diff" + suffix, AttachmentType.HTML)
+        steps = att.ledger_steps(run.trace) if run.trace is not None else []
+        if any(d.get("kv") for d in steps):
+            _attach_text(att.ledger_csv(steps), "KV ledger" + suffix, AttachmentType.CSV)
+            report = run.ledger_report if run.ledger_checked else None
+            png = att.ledger_plot_png(steps, title, report)
+            if png:
+                allure.attach(png, name="KV ledger plot" + suffix, attachment_type=AttachmentType.PNG)
+        if run.scenario is not None:
+            _attach_text(att.scenario_json(run.scenario, run.config), "scenario" + suffix,
+                         AttachmentType.JSON)
+    for config, snaps in evidence.snapshots:
+        import json
+
+        body = json.dumps({"engine": getattr(config, "label", None), "snapshots": snaps}, indent=1)
+        _attach_text(body, "KV snapshot", AttachmentType.JSON)
+    logs = [att.log_excerpt(path, offset) for path, offset in evidence.logs.items()]
+    tail = getattr(excinfo.value, "log_tail", "") if excinfo is not None else ""
+    if tail and not any(logs):
+        logs.append(str(tail))
+    for i, text in enumerate(t for t in logs if t):
+        _attach_text(text, "engine log" + (f" {i + 1}" if i else ""), AttachmentType.TEXT)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
+    hil = item.funcargs.get("hil") if _active(item.config) else None  # type: ignore[attr-defined]
+    listeners = getattr(hil, "listeners", None)
+    evidence = CallEvidence()
+    if listeners is not None:
+        item.stash[EVIDENCE_KEY] = evidence
+        listeners.append(evidence)
+    try:
+        yield
+    finally:
+        if listeners is not None and evidence in listeners:
+            listeners.remove(evidence)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    if not _active(item.config):
+        return
+    report: pytest.TestReport = outcome.get_result()
+    try:
+        if report.when == "setup":
+            _label_test(item)
+            if report.skipped or report.failed:
+                allure.dynamic.parameter("device", _device_of(item, None), excluded=True)
+        elif report.when == "call":
+            evidence = item.stash.get(EVIDENCE_KEY, None)
+            allure.dynamic.parameter("device", _device_of(item, evidence), excluded=True)
+            if evidence is None or evidence.empty:
+                tail = getattr(call.excinfo.value, "log_tail", "") if call.excinfo else ""
+                if report.failed and tail:
+                    _attach_text(str(tail), "engine log", AttachmentType.TEXT)
+                return
+            scenario, config = evidence.first_scenario()
+            if scenario is not None:
+                for p in scenario_params(scenario, config):
+                    _add_param(p)
+            for run in evidence.runs:
+                if run.scenario is not None:
+                    _emit_step(run_steps_of(run))
+            if report.failed or item.config.getoption("--allure-attach-passed"):
+                _attach_evidence(evidence, call.excinfo)
+    except Exception:  # noqa: BLE001 - a report problem must never change a test's outcome
+        log.exception("allure report: labelling or attaching %s failed", item.nodeid)

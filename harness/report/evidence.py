@@ -1,0 +1,174 @@
+"""Evidence of one test: what the session ran and saw, collected from its listener events.
+
+``CallEvidence`` is registered in ``HilSession.listeners`` for the duration of
+one test's call phase; the report plugin turns it into steps and attachments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_UNSET: Any = object()
+
+
+@dataclass
+class ScenarioRun:
+    """One scenario sent to one engine configuration, and what came of it."""
+
+    config: Any
+    scenario: Any
+    trace: Any = None  # harness.trace.Trace, once the engine answered
+    reference: Any = None
+    comparison: Any = None  # harness.compare.TraceComparison
+    ledger_report: Any = _UNSET  # str | None once the ledger was checked
+
+    @property
+    def ledger_checked(self) -> bool:
+        return self.ledger_report is not _UNSET
+
+
+@dataclass
+class CallEvidence:
+    """Everything the session reported during one test."""
+
+    runs: list[ScenarioRun] = field(default_factory=list)
+    snapshots: list[tuple[Any, list[dict[str, Any]]]] = field(default_factory=list)
+    # Engine log file -> byte offset when this test first called that engine.
+    logs: dict[Path, int] = field(default_factory=dict)
+    configs: list[Any] = field(default_factory=list)
+
+    def __call__(self, event: str, data: dict[str, Any]) -> None:
+        handler = getattr(self, f"_on_{event}", None)
+        if handler is not None:
+            handler(**data)
+
+    def _on_scenario(self, config: Any, scenario: Any) -> None:
+        self.runs.append(ScenarioRun(config=config, scenario=scenario))
+        self._config(config)
+
+    def _on_engine(self, config: Any, log_path: Path, log_offset: int) -> None:
+        self.logs.setdefault(Path(log_path), int(log_offset))
+        self._config(config)
+
+    def _on_trace(self, config: Any, scenario: Any, trace: Any) -> None:
+        run = self._run_of_scenario(scenario, config)
+        run.trace = trace
+
+    def _on_kv_snapshot(self, config: Any, snapshots: list[dict[str, Any]]) -> None:
+        self.snapshots.append((config, snapshots))
+        self._config(config)
+
+    def _on_comparison(self, scenario: Any, reference: Any, trace: Any, verdict: Any) -> None:
+        run = self._run_of_trace(trace) or self._run_of_scenario(scenario, None)
+        run.reference, run.comparison = reference, verdict
+        if run.trace is None:
+            run.trace = trace
+
+    def _on_ledger(self, trace: Any, report: str | None) -> None:
+        run = self._run_of_trace(trace)
+        if run is None:
+            run = ScenarioRun(config=None, scenario=None, trace=trace)
+            self.runs.append(run)
+        run.ledger_report = report
+
+    # -- lookups ------------------------------------------------------------
+    def _config(self, config: Any) -> None:
+        if config is not None and all(c is not config for c in self.configs):
+            self.configs.append(config)
+
+    def _run_of_trace(self, trace: Any) -> ScenarioRun | None:
+        return next((r for r in reversed(self.runs) if r.trace is trace), None)
+
+    def _run_of_scenario(self, scenario: Any, config: Any) -> ScenarioRun:
+        for r in reversed(self.runs):
+            if r.scenario is scenario and r.trace is None:
+                return r
+        run = ScenarioRun(config=config, scenario=scenario)
+        self.runs.append(run)
+        return run
+
+    @property
+    def empty(self) -> bool:
+        return not (self.runs or self.snapshots or self.logs)
+
+    def first_scenario(self) -> tuple[Any, Any]:
+        """(scenario, config) of the first run that has a scenario, else (None, None)."""
+        for r in self.runs:
+            if r.scenario is not None:
+                return r.scenario, r.config
+        return None, None
+
+    def first_trace_info(self) -> dict[str, Any]:
+        for r in self.runs:
+            if r.trace is not None:
+                return dict(getattr(r.trace, "info", {}) or {})
+        return {}
+
+
+@dataclass
+class StepInfo:
+    """A report step: title, parameters, and a failure message when it failed."""
+
+    title: str
+    params: dict[str, str] = field(default_factory=dict)
+    failure: str | None = None
+    broken: bool = False
+    children: list[StepInfo] = field(default_factory=list)
+
+
+def run_steps_of(run: ScenarioRun) -> StepInfo:
+    """A step for the scenario run with one child step per request: its shape, what the
+    device produced and, when compared, the verdict."""
+    scenario, config, trace = run.scenario, run.config, run.trace
+    label = getattr(config, "label", None) or getattr(trace, "target", "?")
+    name = getattr(scenario, "name", "?")
+    requests = list(getattr(scenario, "requests", []) or [])
+    diffs = {d.request_id: d for d in getattr(run.comparison, "diffs", [])}
+    head = StepInfo(title=f"run {name} on {label}: {len(requests)} requests")
+    if trace is not None:
+        steps = len(getattr(trace, "engine_steps", []) or [])
+        if steps:
+            head.title += f", {steps} engine steps"
+    else:
+        head.title += " (no answer from the engine)"
+        head.broken = True
+    if run.ledger_checked:
+        head.params["kv ledger"] = "all invariants held" if run.ledger_report is None else (
+            str(run.ledger_report).splitlines()[0])
+    for r in requests:
+        out = trace.requests.get(r.request_id) if trace is not None else None
+        params = {
+            "prompt tokens": str(len(r.prompt_token_ids)),
+            "max_tokens": str(r.max_tokens),
+            "arrival step": str(r.arrival_step),
+        }
+        title = (f"request {r.request_id}: {len(r.prompt_token_ids)} prompt tokens,"
+                 f" max_tokens {r.max_tokens}, arrives at step {r.arrival_step}")
+        step = StepInfo(title=title, params=params)
+        if out is None:
+            step.title += " -> no output"
+            step.broken = trace is None
+            if trace is not None:
+                step.failure = f"request {r.request_id} missing from the {label} output"
+        else:
+            params["generated"] = str(len(out.steps))
+            params["finish"] = str(out.finish_reason)
+            params["preemptions"] = str(out.num_preemptions)
+            step.title += f" -> {len(out.steps)} tokens ({out.finish_reason})"
+            if out.num_preemptions:
+                step.title += f", preempted {out.num_preemptions}x"
+        d = diffs.get(r.request_id)
+        if d is not None:
+            params["verdict"] = d.verdict.value
+            where = "" if d.position is None else f" at position {d.position}"
+            step.title += f": {d.verdict.value}{where}"
+            if not d.ok:
+                step.failure = f"token mismatch: request {r.request_id!r}{where}: {d.detail}"
+        head.children.append(step)
+    failures = [c.failure for c in head.children if c.failure]
+    if run.ledger_checked and run.ledger_report:
+        failures.insert(0, str(run.ledger_report).splitlines()[0])
+    head.failure = "; ".join(failures) or None
+    return head

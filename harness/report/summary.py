@@ -1,0 +1,119 @@
+"""The run summary in markdown: counts per status and per failure category, and the
+failing tests with their category, target, model and first message line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.report.categories import SKIPPED, UNCLASSIFIED_FAILURE, category_names, classify
+from harness.report.results import ResultsFolder, labels_of, load_results, message_of, params_of
+
+MESSAGE_CHARS = 160
+
+
+@dataclass
+class FailedTest:
+    name: str
+    status: str
+    category: str
+    target: str
+    model: str
+    device: str
+    message: str
+
+
+@dataclass
+class RunSummary:
+    statuses: Counter[str] = field(default_factory=Counter)
+    categories: Counter[str] = field(default_factory=Counter)
+    skipped_by_category: Counter[str] = field(default_factory=Counter)
+    failed: list[FailedTest] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.statuses.values())
+
+
+def _first_line(message: str) -> str:
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    return line if len(line) <= MESSAGE_CHARS else line[: MESSAGE_CHARS - 3] + "..."
+
+
+def summarize(tests: list[dict[str, Any]], problems: list[str] | None = None) -> RunSummary:
+    """Count the results of one run (one entry per test result)."""
+    s = RunSummary(problems=list(problems or []))
+    for t in tests:
+        status = str(t.get("status") or "unknown")
+        s.statuses[status] += 1
+        message = message_of(t)
+        category = classify(status, message)
+        if status == SKIPPED:
+            if category:
+                s.skipped_by_category[category] += 1
+            continue
+        if status not in ("failed", "broken"):
+            continue
+        category = category or UNCLASSIFIED_FAILURE
+        s.categories[category] += 1
+        params, labels = params_of(t), labels_of(t)
+        s.failed.append(FailedTest(
+            name=(labels.get("nodeid") or [str(t.get("name") or t.get("fullName"))])[0],
+            status=status,
+            category=category,
+            target=params.get("target_variant") or (labels.get("suite") or ["?"])[0],
+            model=params.get("model", "?"),
+            device=params.get("device", "?"),
+            message=_first_line(message),
+        ))
+    s.failed.sort(key=lambda f: (category_order(f.category), f.name))
+    return s
+
+
+def category_order(name: str) -> int:
+    names = category_names()
+    return names.index(name) if name in names else len(names)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def summary_markdown(s: RunSummary, title: str = "vllm-hil run") -> str:
+    order = ("passed", "failed", "broken", "skipped", "unknown")
+    counts = ", ".join(f"{s.statuses[k]} {k}" for k in order if s.statuses.get(k))
+    lines = [f"# {title}", "", f"**{s.total} tests**: {counts or 'none'}", ""]
+    if s.categories:
+        lines += ["| failure category | tests |", "|---|---|"]
+        for name in sorted(s.categories, key=category_order):
+            lines.append(f"| {name} | {s.categories[name]} |")
+        lines.append("")
+    if s.skipped_by_category:
+        skipped = ", ".join(f"{n} {c}" for c, n in s.skipped_by_category.items())
+        lines += [f"Skipped: {skipped}.", ""]
+    if s.failed:
+        lines += ["## Failing tests", "", "| category | test | target | model | device | message |",
+                  "|---|---|---|---|---|---|"]
+        for f in s.failed:
+            lines.append(
+                f"| {_cell(f.category)} | `{_cell(f.name)}` | {_cell(f.target)} | {_cell(f.model)}"
+                f" | {_cell(f.device)} | {_cell(f.message)} |"
+            )
+        lines.append("")
+    elif s.total:
+        lines += ["No failing tests.", ""]
+    if s.problems:
+        lines += ["## Results problems", ""] + [f"- {_cell(p)}" for p in s.problems] + [""]
+    return "\n".join(lines)
+
+
+def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = None) -> str:
+    """Summarize ``results_dir`` into the markdown file ``out``; returns the text."""
+    folder = folder or load_results(results_dir)
+    text = summary_markdown(summarize(folder.tests, folder.problems))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return text
