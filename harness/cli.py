@@ -8,6 +8,8 @@
     hil devices [--inventory FILE]
                                what discovery (or the inventory) found, and why not
     hil models [NAME...]       build the tiny offline models and print their folders
+    hil report [--serve]       reports/allure-results -> reports/allure-report (static HTML,
+                               with the previous report's history), and reports/summary.md
 """
 
 from __future__ import annotations
@@ -37,7 +39,22 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     print("hil run:", " ".join(cmd[2:]), flush=True)
     rc = subprocess.call(cmd, cwd=ROOT)
     print(f"hil run: reports in {reports} (junit.xml, allure-results/, engine-logs/)")
+    from harness.report.summary import write_summary
+
+    print(write_summary(allure_dir, reports / "summary.md"), flush=True)
     return rc
+
+
+def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
+    from harness.report.generate import report_command
+
+    reports = Path(args.reports_dir)
+    return report_command(
+        Path(args.results or reports / "allure-results"),
+        Path(args.output or reports / "allure-report"),
+        reports / "summary.md",
+        history=not args.no_history, serve=args.serve, port=args.port,
+    )
 
 
 def nightly_selection(kinds: list[str]) -> str:
@@ -123,6 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--root", default="/", help="filesystem root to scan (for fake trees)")
     d.add_argument("--inventory", default="", help="an inventory file to check instead")
     d.set_defaults(func=cmd_devices)
+    rp = sub.add_parser("report", help="make the HTML report of the last run (offline)")
+    rp.add_argument("--reports-dir", default=str(ROOT / "reports"))
+    rp.add_argument("--results", default="", help="default: REPORTS_DIR/allure-results")
+    rp.add_argument("--output", default="", help="default: REPORTS_DIR/allure-report")
+    rp.add_argument("--no-history", action="store_true",
+                    help="start the trends afresh instead of carrying the previous report's")
+    rp.add_argument("--serve", action="store_true",
+                    help="then serve the report on http://127.0.0.1:PORT until Ctrl-C")
+    rp.add_argument("--port", type=int, default=0)
+    rp.set_defaults(func=cmd_report)
     m = sub.add_parser("models", help="build the tiny offline models")
     m.add_argument("names", nargs="*")
     m.add_argument("--cache-dir", default=str(ROOT / ".hil-cache"))
