@@ -71,7 +71,25 @@ class EngineSide:
         from vllm import LLM
 
         self.llm = LLM(**llm_kwargs)
+        self.compute_seconds = 0.0
+        self._time_forward_passes()
         faults.arm()
+
+    def _time_forward_passes(self) -> None:
+        """Accumulate the time the executor spends running the model (the compute floor)."""
+        import time
+
+        executor = self.llm.llm_engine.engine_core.engine_core.model_executor
+        original = executor.execute_model
+
+        def execute_model(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                self.compute_seconds += time.perf_counter() - t0
+
+        executor.execute_model = execute_model
 
     def info(self) -> dict[str, Any]:
         import vllm
@@ -124,13 +142,15 @@ class EngineSide:
             for r in reqs
         ]
         before = metric_values(self.llm)
+        compute0 = self.compute_seconds
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         after = metric_values(self.llm)
         results = [
             request_result(r["request_id"], out, r["prompt_token_ids"])
             for r, out in zip(reqs, outputs, strict=True)
         ]
-        return {"requests": results, "metrics": metric_delta(before, after)}
+        return {"requests": results, "metrics": metric_delta(before, after),
+                "compute_seconds": self.compute_seconds - compute0}
 
     # -- step-driven runs -----------------------------------------------------
     def _engine_core(self) -> Any:
@@ -195,6 +215,7 @@ class EngineSide:
         preemptions: dict[str, int] = {}
         finals: dict[str, Any] = {}
         before = metric_values(self.llm)
+        compute0 = self.compute_seconds
         initial = {
             "step": -1,
             "running": [],
@@ -268,6 +289,7 @@ class EngineSide:
             "initial": initial,
             "steps": steps,
             "idle": not sched.has_requests(),
+            "compute_seconds": self.compute_seconds - compute0,
         }
 
     def metrics(self, _payload: Any = None) -> dict[str, float]:

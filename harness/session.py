@@ -7,12 +7,13 @@ model, and counters that the plugin reports at the end of the run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,7 @@ class HilSession:
         self._refs: dict[str, ReferenceRunner] = {}
         self.near_ties: list[str] = []
         self.leases: LeaseManager | None = None
+        self.timers: dict[str, float] = {}
         self.current_test = ""
         # Evidence listeners, called as listener(event, data) with what the session ran
         # and saw: "scenario" (config, scenario), "engine" (config, log_path, log_offset),
@@ -210,13 +212,24 @@ class HilSession:
         if runner is None:
             runner = ReferenceRunner(model.path, model.content_hash, self.ref_cache)
             self._refs[model.content_hash] = runner
-        return runner.run(scenario.payload(), top_k=self.opts.near_tie.top_k)
+        with self.timed("reference"):
+            return runner.run(scenario.payload(), top_k=self.opts.near_tie.top_k)
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Add the wall time of the block to ``timers[name]`` (the benchmark's split)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timers[name] = self.timers.get(name, 0.0) + time.perf_counter() - t0
 
     def _call(self, cfg: EngineConfig, op: str, payload: Any) -> tuple[EngineHost, Any]:
         """One command on the engine of ``cfg``; a dead or hung engine is dropped, and the
         device it ran on is marked broken so later tests skip with this error."""
         try:
-            host = self.pool.get(cfg)
+            with self.timed("engine_start"):
+                host = self.pool.get(cfg)
         except EngineStartError as e:
             self._device_failed(cfg, e)
             raise
@@ -224,7 +237,12 @@ class HilSession:
             offset = host.log_path.stat().st_size if host.log_path.exists() else 0
             self._notify("engine", config=cfg, log_path=host.log_path, log_offset=offset)
         try:
-            return host, host.call(op, payload, timeout=self.opts.call_timeout)
+            with self.timed("engine_calls"):
+                result = host.call(op, payload, timeout=self.opts.call_timeout)
+            if isinstance(result, dict) and "compute_seconds" in result:
+                self.timers["engine_compute"] = (
+                    self.timers.get("engine_compute", 0.0) + result["compute_seconds"])
+            return host, result
         except (EngineCrashed, EngineTimeout) as e:
             self.pool.discard(cfg.key)
             self._device_failed(cfg, e)
@@ -289,16 +307,19 @@ class HilSession:
         """None when every KV ledger invariant held at every step, else what broke."""
         from harness.kv import ledger_report
 
-        report = ledger_report(trace.info.get("initial"), trace.engine_steps,
-                               bool(trace.info.get("idle")))
+        with self.timed("checks"):
+            report = ledger_report(trace.info.get("initial"), trace.engine_steps,
+                                   bool(trace.info.get("idle")))
         self._notify("ledger", trace=trace, report=report)
         return report
 
     def compare(self, ref: Trace, dev: Trace, model: Model, scenario: Scenario) -> TraceComparison:
         """Token equality of ``dev`` against ``ref``; near-ties are kept for the run summary."""
-        verdict = compare_traces(
-            ref, dev, policy=self.opts.near_tie, decode=model.decode, prompts=scenario.prompts_by_id()
-        )
+        with self.timed("checks"):
+            verdict = compare_traces(
+                ref, dev, policy=self.opts.near_tie, decode=model.decode,
+                prompts=scenario.prompts_by_id()
+            )
         for d in verdict.near_ties:
             self.near_ties.append(
                 f"{dev.target} {scenario.name} request {d.request_id} position {d.position}"
@@ -314,6 +335,7 @@ class HilSession:
             "reference_hits": self.ref_cache.hits,
             "reference_misses": self.ref_cache.misses,
             "near_ties": self.near_ties,
+            "timers": {k: round(v, 3) for k, v in self.timers.items()},
             "leases": [lease.describe() for lease in self.leases.held.values()] if self.leases else [],
         }
 

@@ -15,6 +15,10 @@ class VllmCpuTarget(VllmTarget):
         # An installed vllm-spyre would otherwise take over the platform.
         env["VLLM_PLUGINS"] = ""
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        # With enforce_eager the only torch.compile left is the sampler's logprob-rank
+        # helper, which inductor builds with gcc on first use: 12 s per engine, every
+        # engine. Eager gives the same numbers (cf. VLLM_SPYRE_SIMPLE_COMPILE_BACKEND).
+        env["TORCH_COMPILE_DISABLE"] = "1"
         return env
 
     def llm_kwargs(self) -> dict[str, Any]:
