@@ -185,7 +185,7 @@ def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseE
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
-    hil = item.funcargs.get("hil") if _active(item.config) else None  # type: ignore[attr-defined]
+    hil = getattr(item, "funcargs", {}).get("hil") if _active(item.config) else None
     listeners = getattr(hil, "listeners", None)
     evidence = CallEvidence()
     if listeners is not None:

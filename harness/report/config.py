@@ -73,11 +73,12 @@ def device_properties(root: Path = Path("/")) -> dict[str, str]:
     from harness.devices import discover_neuron, discover_spyre
 
     props: dict[str, str] = {"devices.cpu": f"{os.cpu_count() or '?'} cores"}
-    for scan in (discover_spyre(root), discover_neuron(root)):
-        props[f"devices.{scan.kind}"] = f"{len(scan.usable)} usable of {len(scan.devices)} found"
     spyre = discover_spyre(root)
-    drivers = sorted({d.detail.split("driver ", 1)[1].split(")")[0]
-                      for d in spyre.devices if "driver " in d.detail})
+    for scan in (spyre, discover_neuron(root)):
+        props[f"devices.{scan.kind}"] = f"{len(scan.usable)} usable of {len(scan.devices)} found"
+    # The kernel driver each card is bound to (vfio-pci when usable).
+    drivers = sorted({(d.path / "driver").resolve().name for d in spyre.devices
+                      if (d.path / "driver").is_symlink()})
     if drivers:
         props["spyre.driver"] = ", ".join(drivers)
     for name, path in (
