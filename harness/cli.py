@@ -7,6 +7,7 @@
                                required, exit code 0 only when every selected test passed
     hil devices [--inventory FILE]
                                what discovery (or the inventory) found, and why not
+    hil bench [--quick]         what a run costs: the benchmark of the harness itself
     hil models [NAME...]       build the tiny offline models and print their folders
     hil report [--serve]       reports/allure-results -> reports/allure-report (static HTML,
                                with the previous report's history), and reports/summary.md
@@ -116,6 +117,11 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
+    cmd = [sys.executable, str(ROOT / "bench" / "harness_bench.py")] + (["--quick"] if args.quick else [])
+    return subprocess.call(cmd, cwd=ROOT)
+
+
 def cmd_models(args: argparse.Namespace, extra: list[str]) -> int:
     from fixtures.models import MODEL_SPECS, build_model
 
@@ -150,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="then serve the report on http://127.0.0.1:PORT until Ctrl-C")
     rp.add_argument("--port", type=int, default=0)
     rp.set_defaults(func=cmd_report)
+    b = sub.add_parser("bench", help="benchmark the harness itself (bench/harness_bench.py)")
+    b.add_argument("--quick", action="store_true")
+    b.set_defaults(func=cmd_bench)
     m = sub.add_parser("models", help="build the tiny offline models")
     m.add_argument("names", nargs="*")
     m.add_argument("--cache-dir", default=str(ROOT / ".hil-cache"))

@@ -29,7 +29,7 @@ def shard_key(item: Any) -> str:
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "target_variant" in callspec.params:
         v = callspec.params["target_variant"]
-        return f"{getattr(v, 'id', v)}|{callspec.params.get('model', '')}"
+        return f"{getattr(v, 'id', 'none')}|{callspec.params.get('model', '')}"
     return item.nodeid
 
 

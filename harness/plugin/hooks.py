@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="seconds one engine call may take before the engine is killed")
 
 
+_TIMES: dict[str, float] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _TIMES["session_start"] = time.time()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _TIMES["collection_done"] = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _is_worker(session.config):
+        return
+    import psutil
+
+    _TIMES["session_finish"] = time.time()
+    _TIMES["process_start"] = psutil.Process().create_time()
+    out = Path(session.config.getoption("--hil-reports-dir"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timing.json").write_text(json.dumps(_TIMES))
+
+
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
@@ -168,7 +192,9 @@ def _variant_rank(item: pytest.Item) -> tuple[int, str]:
     v = callspec.params.get("target_variant")
     m = callspec.params.get("model", "")
     order = list(VARIANTS)
-    return (order.index(v.id) if v is not None else -1, str(m))
+    # An empty variant selection leaves pytest's NOTSET placeholder here.
+    vid = getattr(v, "id", None)
+    return (order.index(vid) if vid in VARIANTS else -1, str(m))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
