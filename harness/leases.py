@@ -80,31 +80,34 @@ class LeaseManager:
             reasons = "; ".join(
                 self.broken(d) or d.why_unusable() for d in candidates)
             raise LeaseUnavailable(f"no usable device for {target} {backend or ''} {mode or ''}: {reasons}")
-        for d in usable:  # first try every device without waiting
-            lock = self._lock(d)
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                continue
-            return self._hold(Lease(d, self.worker, True, lock))
+        lease = self._try_any(usable)  # first try every device without waiting
+        if lease is not None:
+            return lease
         if self.share:
             d = usable[hash(self.worker) % len(usable)]
             return self._hold(Lease(d, self.worker, False, None))
         deadline = time.monotonic() + self.wait_seconds
         while time.monotonic() < deadline:
-            for d in usable:
-                lock = self._lock(d)
-                try:
-                    lock.acquire(timeout=0)
-                except Timeout:
-                    continue
-                return self._hold(Lease(d, self.worker, True, lock))
+            lease = self._try_any(usable)
+            if lease is not None:
+                return lease
             time.sleep(0.5)
         raise LeaseUnavailable(
             f"all {len(usable)} device(s) for {target} are leased by other workers"
             f" ({', '.join(d.id for d in usable)}); waited {self.wait_seconds:.0f} s."
             " Use fewer workers, --lease-wait SECONDS, or --lease-share"
         )
+
+    def _try_any(self, devices: list[InventoryDevice]) -> Lease | None:
+        """An exclusive lease on the first of ``devices`` whose lock is free, or None."""
+        for d in devices:
+            lock = self._lock(d)
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                continue
+            return self._hold(Lease(d, self.worker, True, lock))
+        return None
 
     def _hold(self, lease: Lease) -> Lease:
         self.held[lease.device.id] = lease
