@@ -3,6 +3,7 @@
 #
 #   ./setup.sh            install, or do nothing when .venv already matches the pins
 #   ./setup.sh --relock   resolve requirements/stack-default.in afresh and rewrite the lock
+#   ./setup.sh --stack NAME [--relock]   install the pinned stack stacks/NAME.toml into its own venv
 #
 # Every step names itself; the first failing step stops the script with its name.
 set -euo pipefail
@@ -20,13 +21,19 @@ trap 'rc=$?; [ $rc -ne 0 ] && echo "setup.sh: FAILED at step: $step (exit $rc)" 
 run_step() { step="$1"; echo "==> $1"; }
 
 relock=0
+stack=""
+want_stack=0
 for arg in "$@"; do
+  if [ "$want_stack" = 1 ]; then stack="$arg"; want_stack=0; continue; fi
   case "$arg" in
     --relock) relock=1 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown argument: $arg (known: --relock)" >&2; exit 2 ;;
+    --stack) want_stack=1 ;;
+    --stack=*) stack="${arg#--stack=}" ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument: $arg (known: --relock, --stack NAME)" >&2; exit 2 ;;
   esac
 done
+[ "$want_stack" = 0 ] || { echo "setup.sh: --stack needs a name (one of stacks/*.toml)" >&2; exit 2; }
 
 run_step "find Python 3.11"
 PY=""
@@ -37,6 +44,13 @@ for cand in "${HIL_PYTHON:-}" python3.11 python3; do
   fi
 done
 [ -n "$PY" ] || { echo "no Python 3.11 found (tried \$HIL_PYTHON, python3.11, python3); install it or set HIL_PYTHON" >&2; exit 1; }
+
+if [ -n "$stack" ]; then
+  run_step "install stack $stack (harness.stacks, from stacks/$stack.toml)"
+  rc=0
+  "$PY" -m harness.stacks install "$stack" $([ "$relock" = 1 ] && echo --relock) || rc=$?
+  exit $rc
+fi
 
 # The report tools (hil report, and its browser test): the pinned Allure 2 command line
 # from tools/report/package-lock.json, and Java, Chromium and chromedriver from Debian
