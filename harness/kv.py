@@ -148,9 +148,13 @@ def is_dummy_id(req_id: str) -> bool:
 
 def _walk_free_queue(queue: Any, limit: int) -> list[int]:
     # Follows the links get_all_free_blocks() follows, but stops on a cycle.
-    tail = queue.fake_free_list_tail
+    if hasattr(queue, "fake_free_list_head"):  # vLLM >= 0.10: sentinel head and tail
+        tail = queue.fake_free_list_tail
+        block = queue.fake_free_list_head.next_free_block
+    else:  # vLLM 0.9: real head block, list ends in None
+        tail = None
+        block = queue.free_list_head
     ids: list[int] = []
-    block = queue.fake_free_list_head.next_free_block
     while block is not None and block is not tail and len(ids) <= limit:
         ids.append(int(block.block_id))
         block = block.next_free_block
@@ -824,11 +828,13 @@ def ledger_report(
 
 def check_dummy_returned(steps: list[dict[str, Any]]) -> list[Violation]:
     """Dummy blocks (legacy minimum-decode-batch padding) are back in the pool by the step
-    where a second real request runs, or the batch empties: a dummy may hold blocks only
-    while exactly one real request is running."""
+    where a second real request runs, or the batch empties: a dummy may hold blocks only at
+    a step whose batch held exactly one real request (still running, or finishing in it:
+    the runner hears of a finish one step later, as with every freed block)."""
     out: list[Violation] = []
     for d in steps:
-        running = [r for r in d.get("running", []) if not is_dummy_id(str(r))]
+        batch = {str(r) for r in [*d.get("running", []), *d.get("finished", [])]}
+        running = sorted(r for r in batch if not is_dummy_id(r))
         if len(running) == 1:
             continue
         for kd in d.get("kv", []):

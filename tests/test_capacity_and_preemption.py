@@ -101,7 +101,10 @@ def test_dummy_blocks_must_be_back_when_a_second_request_joins():
     joined_leak = step(4, ["r0", "r1"], kv=[snap({"r0": [0], "r1": [2], "dummy": [1]},
                                                   [3, 4, 5, 6, 7], ["dummy"])])
     empty_leak = step(9, [], kv=[snap({"dummy": [1]}, [0, 2, 3, 4, 5, 6, 7], ["dummy"])])
-    assert check_dummy_returned([alone, joined_ok]) == []
+    # The last request finishing: the runner hears of it (and returns the dummy) next step.
+    last_finishes = step(8, [], kv=[snap({"r0": [0], "dummy": [1]}, [2, 3, 4, 5, 6, 7], ["dummy"])])
+    last_finishes["finished"] = ["r0"]
+    assert check_dummy_returned([alone, joined_ok, last_finishes]) == []
     (v,) = check_dummy_returned([alone, joined_leak])
     assert (v.invariant, v.step) == ("dummy_returned", 4)
     assert "dummy 'dummy' still holds blocks [1] although 2 real requests run" in v.message

@@ -625,3 +625,16 @@ def test_snapshot_engine_detects_runner_kind() -> None:
     assert [s.source for s in legacy] == [SOURCE_VLLM_SCHEDULER, SOURCE_SPYRE_LEGACY_RUNNER]
     for snaps in (plain, new, legacy):
         assert all(check_step(s, 0) + check_idle_all_free(s) == [] for s in snaps)
+
+
+def test_free_queue_of_vllm_0_9_has_a_real_head_and_ends_in_none():
+    from types import SimpleNamespace as NS
+
+    from harness.kv import _walk_free_queue
+
+    c = NS(block_id=5, next_free_block=None)
+    b = NS(block_id=3, next_free_block=c)
+    a = NS(block_id=1, next_free_block=b)
+    assert _walk_free_queue(NS(free_list_head=a, free_list_tail=c), 10) == [1, 3, 5]
+    c.next_free_block = a  # a cycle is cut at the limit and shows up as a double free
+    assert len(_walk_free_queue(NS(free_list_head=a, free_list_tail=c), 4)) == 5
