@@ -106,5 +106,6 @@ def check_capacity(cfg: EngineConfig, info: dict[str, Any]) -> None:
     n, size = info.get("kv_num_blocks"), info.get("kv_block_size")
     if not n or not size:
         return
-    need = blocks_needed(int(info.get("max_model_len", cfg.max_model_len)), cfg.max_num_seqs, int(size))
+    need = blocks_needed(int(info.get("max_model_len", cfg.max_model_len)), cfg.max_num_seqs,
+                         int(size), pad_blocks=int(info.get("kv_pad_blocks", PAD_BLOCKS)))
     preflight(need, int(n), f"reported by the {cfg.label} engine ({info.get('kv_source')})")

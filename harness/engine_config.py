@@ -52,6 +52,7 @@ class EngineConfig:
     faults: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     device: str | None = None  # the leased device (inventory id) the engine runs on
+    stack: str = "default"  # the pinned stack (stacks/NAME.toml) whose venv runs the engine
 
     def __post_init__(self) -> None:
         validate_engine_config(self)
@@ -59,7 +60,7 @@ class EngineConfig:
     @property
     def label(self) -> str:
         """Short human name: ``spyre-eager-cb``, ``vllm-cpu``."""
-        parts = [self.target]
+        parts = [self.target] if self.stack == "default" else [f"{self.stack}:{self.target}"]
         if self.backend:
             parts.append(self.backend)
         if self.mode:

@@ -93,6 +93,7 @@ class EngineHost:
         llm_kwargs: dict[str, Any],
         log_dir: Path,
         start_timeout: float = 600.0,
+        python: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.log_dir = log_dir
@@ -116,7 +117,7 @@ class EngineHost:
         self._logfile = open(self.log_path, "ab")
         started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.engine_process", address],
+            [python or sys.executable, "-m", "harness.engine_process", address],
             env=child_env,
             stdin=subprocess.DEVNULL,
             stdout=self._logfile,

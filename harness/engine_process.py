@@ -114,6 +114,7 @@ class EngineSide:
                 info["kv_source"] = real[-1]["source"]
                 info["kv_num_blocks"] = real[-1]["num_blocks"]
                 info["kv_block_size"] = real[-1].get("block_size")
+                info["kv_pad_blocks"] = len(real[-1].get("pad_blocks") or [])
         except Exception as e:  # the ledger is optional for serving; say why it is absent
             info["kv_error"] = repr(e)
         try:

@@ -80,7 +80,7 @@ def forget_free(config: dict[str, Any], after: str = "0") -> None:
 def leak_warmup_block(config: dict[str, Any]) -> None:
     """vllm-spyre: a warmup request's reservation is never released, so the runner keeps
     counting blocks for a request that no longer exists after warmup."""
-    from vllm_spyre.v1.worker import spyre_model_runner as smr
+    smr = _spyre_runner_module()
 
     cls = smr.ContinuousBatchingSpyreModelRunner
     original = cls.complete_warmup
@@ -148,7 +148,41 @@ def hang_engine(config: dict[str, Any]) -> None:
     LLMEngine.step = step  # type: ignore[method-assign]
 
 
+def _spyre_runner_module() -> Any:
+    """vllm-spyre's runner module, imported after vLLM has resolved its platform (an early
+    import would pin vLLM 0.9 to its unspecified platform)."""
+    from vllm.platforms import current_platform
+
+    current_platform.get_device_name  # noqa: B018 - resolves the platform plugin
+    from vllm_spyre.v1.worker import spyre_model_runner
+
+    return spyre_model_runner
+
+
+def keep_dummy_on_join(config: dict[str, Any]) -> None:
+    """vllm-spyre 0.3-0.4: when a new request joins a lone decoding request, the dummy that
+    padded the decode batch keeps its blocks instead of returning them to the pool."""
+    smr = _spyre_runner_module()
+
+    cls = smr.ContinuousBatchingSpyreModelRunner
+    original = cls._update_states
+
+    def _update_states(self: Any, scheduler_output: Any) -> Any:
+        joining = armed() and bool(getattr(scheduler_output, "scheduled_new_reqs", None))
+        kept = list(getattr(self, "dummy_req_ids2blocks", [])) if joining else []
+        if kept:
+            self.dummy_req_ids2blocks = []
+        out = original(self, scheduler_output)
+        if kept:
+            self.dummy_req_ids2blocks = kept + list(self.dummy_req_ids2blocks)
+            print(f"[hil] fault keep_dummy_on_join fired: dummy keeps blocks {kept}", flush=True)
+        return out
+
+    cls._update_states = _update_states  # type: ignore[method-assign]
+
+
 FAULTS: dict[str, FaultFn] = {
+    "keep-dummy-on-join": keep_dummy_on_join,
     "crash-engine": crash_engine,
     "hang-engine": hang_engine,
     "perturb-logit": perturb_logit,

@@ -65,6 +65,24 @@ class SessionOptions:
     call_timeout: float = 900.0
     faults: tuple[str, ...] = ()
     kv_probe: bool = True
+    stack: str = "default"
+
+
+def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[str, Any]]:
+    """The python, environment and LLM arguments the engine's stack adds (none for default)."""
+    if cfg.stack == "default":
+        return None, {}, {}
+    from harness.stacks import load_stack, stack_python
+
+    stack = load_stack(cfg.stack)
+    python = stack_python(cfg.stack)
+    if python is None:
+        raise EngineStartError(
+            f"stack {cfg.stack} is not installed (or its pins changed): run ./setup.sh --stack {cfg.stack}"
+        )
+    variant = cfg.label.split(":", 1)[-1]
+    env = {**stack.env, **stack.target_env.get(variant, {})}
+    return str(python), env, dict(stack.engine)
 
 
 class EnginePool:
@@ -93,6 +111,7 @@ class EnginePool:
         while len(self._live) >= max(1, self.opts.max_live_engines):
             self.discard(next(iter(self._live)))
         target = target_for(cfg)
+        python, stack_env, stack_kwargs = stack_runtime(cfg)
         try:
             preflight_config(cfg)
         except CapacityError as e:
@@ -100,13 +119,16 @@ class EnginePool:
             raise
         try:
             env = target.engine_env()
+            env.update(stack_env)
             env.update(dict(cfg.extra_env))
+            llm_kwargs = {**target.llm_kwargs(), **stack_kwargs}
             host = EngineHost(
                 cfg,
                 env,
-                target.llm_kwargs(),
+                llm_kwargs,
                 self.opts.reports_dir / "engine-logs",
                 start_timeout=self.opts.start_timeout,
+                python=python,
             )
         except EngineError as e:
             self._failed[key] = e
@@ -188,7 +210,26 @@ class HilSession:
     ) -> EngineConfig:
         if self.opts.faults and "faults" not in overrides:
             overrides["faults"] = self.opts.faults
+        overrides.setdefault("stack", self.opts.stack)
         return variant.engine_config(str(model.path), scenario.limits, **overrides)
+
+    def stack_problem(self, variant: TargetVariant, markers: tuple[str, ...] = ()) -> str | None:
+        """Why ``variant`` (in a test with these markers) cannot run on this session's stack."""
+        if self.opts.stack == "default":
+            return None
+        from harness.stacks import load_stack, stack_python
+
+        stack = load_stack(self.opts.stack)
+        for m in markers:
+            if m in stack.unsupported_suites:
+                return f"suite {m} does not run on stack {stack.name}: {stack.unsupported_suites[m]}"
+        if variant.id in stack.unsupported:
+            return f"{variant.id} does not run on stack {stack.name}: {stack.unsupported[variant.id]}"
+        if stack.targets and variant.id not in stack.targets:
+            return f"{variant.id} is not among the targets of stack {stack.name}"
+        if stack_python(stack.name) is None:
+            return f"stack {stack.name} is not installed: run ./setup.sh --stack {stack.name}"
+        return None
 
     def check_scenario(self, cfg: EngineConfig, scenario: Scenario) -> None:
         """Refuse requests the engine would refuse, before any engine starts."""

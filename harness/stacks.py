@@ -87,6 +87,7 @@ class Stack:
     targets: tuple[str, ...]
     unsupported: dict[str, str]
     target_env: dict[str, dict[str, str]]
+    unsupported_suites: dict[str, str]
     notes: tuple[str, ...]
     steps: tuple[Step, ...]
 
@@ -222,6 +223,8 @@ def load_stack(name: str) -> Stack:
         targets=_str_list(targets.get("supported"), f"{where}: targets.supported"),
         unsupported=_str_map(targets.get("unsupported"), f"{where}: targets.unsupported"),
         target_env=target_env,
+        unsupported_suites=_str_map((raw.get("suites") or {}).get("unsupported"),
+                                    f"{where}: suites.unsupported"),
         notes=_str_list(raw.get("notes"), f"{where}: notes"),
         steps=steps,
     )

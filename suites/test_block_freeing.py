@@ -56,3 +56,36 @@ def test_blocks_return_to_the_pool(hil, model, target_variant, name):
     assert report is None, report
     verdict = hil.compare(hil.reference(model, scenario), trace, model, scenario)
     assert verdict.ok, verdict.report()
+
+
+def test_dummy_padding_blocks_are_taken_and_returned(hil, model, target_variant):
+    """Where the stack pads a lone decoding request with a dummy (vllm-spyre 0.3-0.4), the
+    dummy holds blocks while one request decodes alone and has none once a second joins
+    and once the batch empties."""
+    shapes = SCENARIOS["second-request-joins-while-first-decodes"]
+    scenario = shaped_scenario("dummy-padding", model.tokenizer, shapes, LIMITS)
+
+    trace = hil.run_steps(engine_for(hil, target_variant, model, scenario), scenario)
+
+    held = dummy_blocks_per_step(trace)
+    if not any(held.values()):
+        pytest.skip(f"{target_variant.id} on this stack pads no decode batch with a dummy request")
+    report = hil.ledger_report(trace)
+    assert report is None, report
+    joined = next(s["step"] for s in trace.engine_steps if len(s["running"]) == 2)
+    alone_before = [st for st, blocks in held.items() if blocks and st < joined]
+    assert alone_before, f"no dummy blocks while r0 decoded alone before step {joined}: {held}"
+    assert not held[joined], f"dummy still holds {held[joined]} at step {joined}, where r1 joined"
+    assert not held[trace.engine_steps[-1]["step"]], "dummy blocks held at idle"
+
+
+def dummy_blocks_per_step(trace):
+    """step -> blocks held by dummy requests in the runner's ledger."""
+    out = {}
+    for s in trace.engine_steps:
+        blocks = []
+        for kv in s["kv"]:
+            for d in kv.get("dummy_ids", []):
+                blocks += kv["owned"].get(d, [])
+        out[s["step"]] = sorted(blocks)
+    return out

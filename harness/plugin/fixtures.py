@@ -39,6 +39,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         call_timeout=opt("--engine-timeout"),
         faults=tuple(opt("--inject-fault")),
         kv_probe=not opt("--no-kv-probe"),
+        stack=opt("--stack"),
     )
     session = HilSession(opts)
     inv_path = opt("--inventory")
@@ -79,6 +80,10 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     skips (or fails with --require-device) when the device is absent or marked broken."""
     variant: TargetVariant = request.param
     hil.current_test = request.node.nodeid
+    markers = tuple(m.name for m in request.node.iter_markers())
+    stack_problem = hil.stack_problem(variant, markers)
+    if stack_problem:
+        pytest.skip(stack_problem)
     leases = hil.leases
     served = leases.inventory.serving(variant.target, variant.backend, variant.mode) if leases else []
     if not any(d.kind in LEASED_KINDS for d in served):

@@ -92,6 +92,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="run only shard I of N (1-based); N hosts with I=1..N run every test once")
     g.addoption("--quarantine", default=os.environ.get("HIL_QUARANTINE", str(ROOT / "quarantine.toml")),
                 help="known failures: run and reported as known, not failing the run")
+    g.addoption("--stack", default=os.environ.get("HIL_STACK", "default"),
+                help="the pinned stack (stacks/NAME.toml) whose venv runs the engines; install it"
+                " with ./setup.sh --stack NAME (env HIL_STACK; default: default)")
     g.addoption("--engine-timeout", type=float, default=900.0,
                 help="seconds one engine call may take before the engine is killed")
 
@@ -147,6 +150,12 @@ def pytest_configure(config: pytest.Config) -> None:
             parse_fault(spec)
         except (ValueError, ImportError, AttributeError) as e:
             raise pytest.UsageError(f"--inject-fault: {e}") from None
+    from harness.stacks import StackError, load_stack
+
+    try:
+        load_stack(config.getoption("--stack"))
+    except StackError as e:
+        raise pytest.UsageError(f"--stack: {e}") from None
     try:
         config.stash[SHARD_KEY] = parse_shard(config.getoption("--shard"))
         config.stash[QUARANTINE_KEY] = load_quarantine(Path(config.getoption("--quarantine")))
@@ -234,6 +243,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         leases += s.get("leases", [])
     tr = terminalreporter
     tr.section("vllm-hil")
+    tr.write_line(f"stack: {config.getoption('--stack')}")
     for line in leases:
         tr.write_line(f"lease: {line}")
     starts = ", ".join(f"{e['config']} {e['seconds']}s" for e in engines) or "none"
