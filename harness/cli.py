@@ -1,6 +1,7 @@
 """The ``hil`` command.
 
-    hil run [PYTEST ARGS...]   the main job: every suite against what this machine has,
+    hil run [--stacks A,B] [PYTEST ARGS...]
+                               the main job: every suite against what this machine has,
                                writing reports/junit.xml and reports/allure-results
     hil nightly [--shard I/N] [--inventory FILE] [PYTEST ARGS...]
                                the nightly selection on this host's device kinds, devices
@@ -30,16 +31,23 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     # Cleaned here, once, not by xdist workers racing on --clean-alluredir.
     shutil.rmtree(allure_dir, ignore_errors=True)
     allure_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "pytest", str(ROOT / "suites"),
-        f"--alluredir={allure_dir}",
-        f"--junitxml={reports / 'junit.xml'}",
-        f"--hil-reports-dir={reports}",
-        *extra,
-    ]
-    print("hil run:", " ".join(cmd[2:]), flush=True)
-    rc = subprocess.call(cmd, cwd=ROOT)
-    print(f"hil run: reports in {reports} (junit.xml, allure-results/, engine-logs/)")
+    stacks = [x.strip() for x in getattr(args, "stacks", "default").split(",") if x.strip()]
+    rc = 0
+    for stack in stacks:
+        # One pytest run per stack, all into one results folder: one report, side by side.
+        junit = reports / ("junit.xml" if stack == "default" else f"junit-{stack}.xml")
+        cmd = [
+            sys.executable, "-m", "pytest", str(ROOT / "suites"),
+            f"--alluredir={allure_dir}",
+            f"--junitxml={junit}",
+            f"--hil-reports-dir={reports}",
+            f"--stack={stack}",
+            *extra,
+        ]
+        print("hil run:", " ".join(cmd[2:]), flush=True)
+        code = subprocess.call(cmd, cwd=ROOT)
+        rc = rc or code
+    print(f"hil run: reports in {reports} (junit*.xml, allure-results/, engine-logs/)")
     from harness.report.summary import write_summary
 
     print(write_summary(allure_dir, reports / "summary.md"), flush=True)
@@ -136,11 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the suites and write reports (extra args go to pytest)")
     r.add_argument("--reports-dir", default=str(ROOT / "reports"))
+    r.add_argument("--stacks", default="default",
+                   help="comma-separated stacks (stacks/NAME.toml) to run, one report for all")
     r.set_defaults(func=cmd_run)
     n = sub.add_parser("nightly", help="the nightly: devices required, shardable")
     n.add_argument("--reports-dir", default=str(ROOT / "reports"))
     n.add_argument("--shard", default="", metavar="I/N")
     n.add_argument("--inventory", default="")
+    n.add_argument("--stacks", default="default")
     n.set_defaults(func=cmd_nightly)
     d = sub.add_parser("devices", help="print discovered devices")
     d.add_argument("--root", default="/", help="filesystem root to scan (for fake trees)")

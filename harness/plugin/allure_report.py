@@ -84,6 +84,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             workers=str(getattr(config.option, "numprocesses", None) or "0"),
             inventory=str(opt("--inventory", "") or ""),
             args=" ".join(config.invocation_params.args),
+            stack=str(opt("--stack", "default") or "default"),
         )
         write_run_config(Path(config.option.allure_report_dir), run)
     except Exception as e:  # noqa: BLE001 - the run's verdict must not depend on its report
@@ -106,8 +107,13 @@ def _label_test(item: pytest.Item) -> None:
     params = _params_of(item)
     module = getattr(getattr(item, "module", None), "__name__", item.nodeid.split("::")[0])
     function = getattr(getattr(item, "function", None), "__name__", item.name.split("[")[0])
+    stack = str(item.config.getoption("--stack", "default") or "default")
     for name, value in static_labels(module, function, params):
+        if name == "suite" and stack != "default":
+            value = f"{value} @ {stack}"  # the same test on two stacks, side by side
         allure.dynamic.label(name, value)
+    # Part of the history id: a test keeps one history per stack.
+    allure.dynamic.parameter("stack", stack)
     # Not shown by Allure; lets the summary name a test so it can be rerun.
     allure.dynamic.label("nodeid", item.nodeid)
     for p in static_params(params):

@@ -43,6 +43,7 @@ class RunOptions:
     workers: str = "0"
     inventory: str = ""
     args: str = ""
+    stack: str = "default"
 
 
 def _version(dist: str) -> str | None:
@@ -91,6 +92,18 @@ def device_properties(root: Path = Path("/")) -> dict[str, str]:
     return props
 
 
+def stack_properties(name: str) -> dict[str, str]:
+    """``stack.<name>``: the pinned versions the engines of that stack ran with."""
+    try:
+        from harness.stacks import load_stack
+
+        stack = load_stack(name)
+    except Exception:  # noqa: BLE001 - a report must not fail on a stack file
+        return {f"stack.{name}": "unknown stack"}
+    versions = ", ".join(f"{k} {v}" for k, v in stack.versions.items())
+    return {f"stack.{name}": versions or stack.description}
+
+
 def environment_properties(run: RunOptions | None = None, root: Path = Path("/")) -> dict[str, str]:
     """The key/value pairs of environment.properties (versions absent from the venv are
     written as ``not installed``)."""
@@ -109,6 +122,7 @@ def environment_properties(run: RunOptions | None = None, root: Path = Path("/")
             continue  # the CPU build is installed under another name
         props[label] = v or "not installed"
     props.update(device_properties(root))
+    props.update(stack_properties(run.stack))
     props.update({
         "run.targets": run.targets,
         "run.models": run.models,
@@ -129,6 +143,33 @@ def _escape(text: str, key: bool = False) -> str:
     if key:
         for ch in " =:#!":
             out = out.replace(ch, "\\" + ch)
+    return out
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """The key/value pairs of a properties file written by ``format_properties``."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        if not line or line.startswith("#"):
+            continue
+        key, value = [], []
+        target, escaped = key, False
+        for ch in line:
+            if escaped:
+                target.append({"n": "\n", "r": "\r"}.get(ch, ch))
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == "=" and target is key:
+                target = value
+            else:
+                target.append(ch)
+        if target is value:
+            out["".join(key).strip()] = "".join(value).strip()
     return out
 
 
@@ -198,7 +239,12 @@ def write_run_config(
     env = os.environ if env is None else env
     written = []
     path = results_dir / "environment.properties"
-    path.write_text(format_properties(environment_properties(run, root)))
+    props = environment_properties(run, root)
+    # Several runs into one results folder (one per stack) keep each other's stack lines.
+    earlier = read_properties(path)
+    merged = {k: v for k, v in earlier.items() if k.startswith("stack.")}
+    merged.update(props)
+    path.write_text(format_properties(merged))
     written.append(path)
     written.append(write_categories(results_dir))
     executor = executor_from_env(env)
