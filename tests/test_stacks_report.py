@@ -29,3 +29,18 @@ def test_stack_files_declare_targets_and_suites():
     assert "capacity" in legacy.unsupported_suites
     with pytest.raises(StackError, match="no stack 'nope'"):
         load_stack("nope")
+
+
+def test_overlapping_shards_are_reported_when_results_merge():
+    from harness.report.summary import summarize
+
+    def result(nodeid, hid):
+        return {"status": "passed", "historyId": hid, "name": nodeid,
+                "labels": [{"name": "nodeid", "value": nodeid}]}
+
+    clean = summarize([result("t::a", "1"), result("t::b", "2")])
+    assert clean.problems == []
+    merged = summarize([result("t::a", "1"), result("t::b", "2"), result("t::a", "1")])
+    assert merged.problems == [
+        "1 test(s) ran more than once in these results (overlapping --shard values,"
+        " or two runs into one folder): t::a"]

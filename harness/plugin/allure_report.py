@@ -85,6 +85,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             inventory=str(opt("--inventory", "") or ""),
             args=" ".join(config.invocation_params.args),
             stack=str(opt("--stack", "default") or "default"),
+            shard=str(opt("--shard", "") or ""),
         )
         write_run_config(Path(config.option.allure_report_dir), run)
     except Exception as e:  # noqa: BLE001 - the run's verdict must not depend on its report

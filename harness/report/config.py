@@ -44,6 +44,7 @@ class RunOptions:
     inventory: str = ""
     args: str = ""
     stack: str = "default"
+    shard: str = ""
 
 
 def _version(dist: str) -> str | None:
@@ -133,6 +134,8 @@ def environment_properties(run: RunOptions | None = None, root: Path = Path("/")
         props["run.markers"] = run.markers
     if run.inventory:
         props["run.inventory"] = run.inventory
+    if run.shard:
+        props["run.shard"] = run.shard
     if run.args:
         props["run.args"] = run.args
     return props

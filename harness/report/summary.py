@@ -46,6 +46,19 @@ def _first_line(message: str) -> str:
 def summarize(tests: list[dict[str, Any]], problems: list[str] | None = None) -> RunSummary:
     """Count the results of one run (one entry per test result)."""
     s = RunSummary(problems=list(problems or []))
+    # Merged shards must be disjoint: the same test (history id) twice means they overlapped.
+    seen = Counter(str(t.get("historyId")) for t in tests if t.get("historyId"))
+    twice = sorted(
+        (labels_of(t).get("nodeid") or [str(t.get("name"))])[0]
+        for t in tests if seen.get(str(t.get("historyId")), 0) > 1
+    )
+    if twice:
+        names = sorted(set(twice))
+        s.problems.append(
+            f"{len(names)} test(s) ran more than once in these results (overlapping --shard"
+            f" values, or two runs into one folder): {', '.join(names[:10])}"
+            + (" ..." if len(names) > 10 else "")
+        )
     for t in tests:
         status = str(t.get("status") or "unknown")
         s.statuses[status] += 1
