@@ -145,6 +145,7 @@ class EngineSide:
         before = metric_values(self.llm)
         compute0 = self.compute_seconds
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.drain()  # leave the engine idle for the next test
         after = metric_values(self.llm)
         results = [
             request_result(r["request_id"], out, r["prompt_token_ids"])
@@ -175,6 +176,23 @@ class EngineSide:
 
             sched.schedule = schedule
         return self._sched_outputs
+
+    def drain(self) -> int:
+        """Step until the runner has been told of every finished request (idle).
+
+        ``LLM.generate`` returns when the last request finishes, one step before the
+        runner hears of it and frees its blocks; the engine's next step delivers that.
+        Returns the number of steps taken.
+        """
+        engine = self.llm.llm_engine
+        sched = self._engine_core().scheduler
+        steps = 0
+        while sched.has_requests() and not engine.has_unfinished_requests():
+            engine.step()
+            steps += 1
+            if steps > 100:
+                raise RuntimeError("engine did not become idle within 100 steps after its requests finished")
+        return steps
 
     def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
         """The KV ledgers of this engine right now (scheduler, and runner where it has one)."""
@@ -215,6 +233,7 @@ class EngineSide:
         internal: dict[str, str] = {}  # engine request id -> scenario request id
         preemptions: dict[str, int] = {}
         finals: dict[str, Any] = {}
+        self.drain()  # the initial snapshot must be an idle point
         before = metric_values(self.llm)
         compute0 = self.compute_seconds
         initial = {

@@ -311,10 +311,7 @@ class HilSession:
         host, result = self._call(
             cfg, "generate", {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k}
         )
-        trace = Trace(target=cfg.label, metrics=result["metrics"], info=dict(host.info))
-        trace.info["generate_seconds"] = round(time.monotonic() - t0, 3)
-        for r in result["requests"]:
-            trace.requests[r["request_id"]] = RequestTrace.from_dict(r)
+        trace = self._trace(cfg, host, result, generate_seconds=round(time.monotonic() - t0, 3))
         self._notify("trace", config=cfg, scenario=scenario, trace=trace)
         return trace
 
@@ -329,13 +326,18 @@ class HilSession:
             cfg, "run_steps",
             {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k, "probe": probe},
         )
-        trace = Trace(target=cfg.label, metrics=result["metrics"], info=dict(host.info),
-                      engine_steps=result["steps"])
-        trace.info.update(initial=result["initial"], idle=result["idle"],
-                          run_seconds=round(time.monotonic() - t0, 3))
+        trace = self._trace(cfg, host, result, initial=result["initial"], idle=result["idle"],
+                            run_seconds=round(time.monotonic() - t0, 3))
+        trace.engine_steps = result["steps"]
+        self._notify("trace", config=cfg, scenario=scenario, trace=trace)
+        return trace
+
+    @staticmethod
+    def _trace(cfg: EngineConfig, host: EngineHost, result: dict[str, Any], **info: Any) -> Trace:
+        """A Trace from an engine call's result, with the engine's info and ``info``."""
+        trace = Trace(target=cfg.label, metrics=result["metrics"], info={**host.info, **info})
         for r in result["requests"]:
             trace.requests[r["request_id"]] = RequestTrace.from_dict(r)
-        self._notify("trace", config=cfg, scenario=scenario, trace=trace)
         return trace
 
     def kv_snapshot(self, cfg: EngineConfig) -> list[dict[str, Any]]:
