@@ -36,8 +36,6 @@ LOG_TAIL_LINES = 60
 class EngineError(RuntimeError):
     """An engine failed; the message says which, why, and ends with its log tail."""
 
-    category = "harness error"
-
     def __init__(self, message: str, log_tail: str = "") -> None:
         self.log_tail = log_tail
         full = (
@@ -49,21 +47,19 @@ class EngineError(RuntimeError):
 
 
 class EngineStartError(EngineError):
-    category = "engine start failed"
+    """The engine process did not come up."""
 
 
 class EngineCrashed(EngineError):
-    category = "engine crashed"
+    """The engine process died during a call."""
 
 
 class EngineTimeout(EngineError):
-    category = "timeout"
+    """The engine gave no answer in time and was killed."""
 
 
 class EngineRequestError(EngineError):
     """The engine refused or failed one call but is still alive."""
-
-    category = "engine error"
 
 
 def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
