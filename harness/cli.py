@@ -73,7 +73,7 @@ def nightly_selection(kinds: list[str]) -> str:
 
 
 def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
-    from harness.inventory import InventoryError, discover_inventory, load_inventory
+    from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
 
     try:
         inv = load_inventory(Path(args.inventory)) if args.inventory else discover_inventory()
@@ -97,10 +97,10 @@ def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
-    from harness.devices import discover_neuron, discover_spyre
+    from harness.lab.devices import discover_neuron, discover_spyre
 
     if args.inventory:
-        from harness.inventory import InventoryError, load_inventory
+        from harness.lab.inventory import InventoryError, load_inventory
 
         try:
             inv = load_inventory(Path(args.inventory), Path(args.root))

@@ -29,7 +29,7 @@ from harness.engine_host import (
     EngineStartError,
     EngineTimeout,
 )
-from harness.leases import LeaseManager
+from harness.lab.leases import LeaseManager
 from harness.reference_cache import ReferenceCache
 from harness.scenario import PromptSet, Scenario
 from harness.targets import target_for

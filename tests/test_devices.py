@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.devices import CPU_HINT, discover_neuron, discover_spyre
+from harness.lab.devices import CPU_HINT, discover_neuron, discover_spyre
 
 
 def pci_device(

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from harness.inventory import InventoryError, discover_inventory, load_inventory
-from harness.leases import LeaseManager, LeaseUnavailable
-from harness.quarantine import KnownFailure, load_quarantine
-from harness.shard import in_shard, parse_shard
+from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
+from harness.lab.leases import LeaseManager, LeaseUnavailable
+from harness.lab.quarantine import KnownFailure, load_quarantine
+from harness.lab.shard import in_shard, parse_shard
 
 TWO_CARDS = """
 [[device]]

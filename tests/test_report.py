@@ -14,10 +14,10 @@ import pytest
 
 from harness.capacity import CapacityError, blocks_needed, preflight
 from harness.compare import NearTiePolicy, compare_traces
-from harness.devices import DeviceScan
 from harness.engine_config import ConfigError, EngineConfig
 from harness.engine_host import EngineCrashed, EngineStartError, EngineTimeout
 from harness.kv import SOURCE_VLLM_SCHEDULER, KvSnapshot, ledger_report
+from harness.lab.devices import DeviceScan
 from harness.preemption import check_full_batch, check_no_preemption
 from harness.report import generate
 from harness.report.attachments import ledger_csv, ledger_plot_png, log_excerpt, token_diff_html

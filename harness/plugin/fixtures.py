@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness.compare import NearTiePolicy
-from harness.inventory import discover_inventory, load_inventory
-from harness.leases import LEASED_KINDS, LeaseManager, LeaseUnavailable
+from harness.lab.inventory import discover_inventory, load_inventory
+from harness.lab.leases import LEASED_KINDS, LeaseManager, LeaseUnavailable
 from harness.session import HilSession, Model, SessionOptions
 from harness.targets import VLLM_TARGETS
 from harness.variants import TargetVariant

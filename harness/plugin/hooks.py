@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from fixtures.models import MODEL_SPECS
-from harness.inventory import InventoryError, load_inventory
-from harness.quarantine import apply_quarantine, load_quarantine, quarantined_passes
-from harness.shard import in_shard, parse_shard, shard_key
+from harness.lab.inventory import InventoryError, load_inventory
+from harness.lab.quarantine import apply_quarantine, load_quarantine, quarantined_passes
+from harness.lab.shard import in_shard, parse_shard, shard_key
 from harness.variants import VARIANTS, select_variants
 
 SHARD_KEY = pytest.StashKey[object]()

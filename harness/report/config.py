@@ -72,7 +72,7 @@ def _git_commit(root: Path) -> str | None:
 
 def device_properties(root: Path = Path("/")) -> dict[str, str]:
     """Device kinds and counts, and driver or firmware versions where the host shows them."""
-    from harness.devices import discover_neuron, discover_spyre
+    from harness.lab.devices import discover_neuron, discover_spyre
 
     props: dict[str, str] = {"devices.cpu": f"{os.cpu_count() or '?'} cores"}
     spyre = discover_spyre(root)

@@ -13,7 +13,7 @@ class NeuronTarget(VllmTarget):
 
     @classmethod
     def availability_probe(cls, variant: Any) -> str | None:
-        from harness.devices import discover_neuron
+        from harness.lab.devices import discover_neuron
 
         scan = discover_neuron()
         if not scan.usable:

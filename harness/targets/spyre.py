@@ -27,7 +27,7 @@ class SpyreTarget(VllmTarget):
             return "vllm-spyre is not installed in this environment; run ./setup.sh"
         if variant.backend != "sendnn":
             return None
-        from harness.devices import discover_spyre
+        from harness.lab.devices import discover_spyre
 
         scan = discover_spyre()
         if not scan.usable:

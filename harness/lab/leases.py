@@ -20,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from harness.inventory import Inventory, InventoryDevice
+from harness.lab.inventory import Inventory, InventoryDevice
 
 LEASED_KINDS = ("spyre", "neuron")  # the CPU is shared, never leased
 

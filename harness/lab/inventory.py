@@ -155,7 +155,7 @@ def load_inventory(path: Path, root: Path = Path("/")) -> Inventory:
 
 def discover_inventory(root: Path = Path("/")) -> Inventory:
     """The inventory discovery finds: Spyre cards, Neuron devices, and the CPU."""
-    from harness.devices import discover_neuron, discover_spyre
+    from harness.lab.devices import discover_neuron, discover_spyre
 
     devices = []
     for i, d in enumerate(discover_spyre(root).devices):
