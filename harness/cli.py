@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,10 +67,11 @@ def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
     )
 
 
-def nightly_selection(kinds: list[str]) -> str:
-    """The marker expression of a nightly on a host with these device kinds."""
-    wanted = ["cpu"] + [k for k in ("spyre", "neuron") if k in kinds]
-    return f"nightly and ({' or '.join(wanted)})"
+def nightly_selection(devices: list[Any]) -> str:
+    """The marker expression of a nightly on a host with these inventory devices."""
+    from harness.targets import nightly_markers
+
+    return f"nightly and ({' or '.join(nightly_markers(devices))})"
 
 
 def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
@@ -80,8 +82,7 @@ def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
     except InventoryError as e:
         print(f"hil nightly: {e}", file=sys.stderr)
         return 2
-    kinds = sorted({d.kind for d in inv.devices if d.kind != "spyre" or d.backend == "sendnn"})
-    selection = nightly_selection(kinds)
+    selection = nightly_selection(inv.devices)
     print(f"hil nightly: devices from {inv.source}: {', '.join(d.id for d in inv.devices)};"
           f" selection: {selection}", flush=True)
     pytest_args = ["-m", selection, "--require-device"]
@@ -97,7 +98,7 @@ def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
-    from harness.lab.devices import discover_neuron, discover_spyre
+    from harness.targets import device_kinds
 
     if args.inventory:
         from harness.lab.inventory import InventoryError, load_inventory
@@ -113,7 +114,8 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"  {d.id}: {d.kind} {d.backend or ''} {state}")
         return 0
     root = Path(args.root)
-    for scan in (discover_spyre(root), discover_neuron(root)):
+    scans = [dk.discover(root) for dk in device_kinds().values() if dk.discover is not None]
+    for scan in scans:
         print(f"{scan.kind}: {len(scan.usable)} usable of {len(scan.devices)} found"
               f" (looked for {scan.looked_for})")
         for d in scan.devices:

@@ -11,11 +11,6 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-KNOWN_TARGETS = ("vllm-cpu", "spyre", "neuron")
-SPYRE_MODES = ("sb", "cb", "cp")
-SPYRE_BACKENDS = ("eager", "sendnn")
-SPYRE_BLOCK_SIZE = 64  # vllm-spyre's fixed KV block size (platform._block_size)
-
 
 class ConfigError(ValueError):
     """A configuration the harness refuses before any engine starts."""
@@ -58,14 +53,14 @@ class EngineConfig:
         validate_engine_config(self)
 
     @property
+    def variant_id(self) -> str:
+        """The variant this engine runs (``spyre-eager-cb``), whatever the stack."""
+        return "-".join(p for p in (self.target, self.backend, self.mode) if p)
+
+    @property
     def label(self) -> str:
-        """Short human name: ``spyre-eager-cb``, ``vllm-cpu``."""
-        parts = [self.target] if self.stack == "default" else [f"{self.stack}:{self.target}"]
-        if self.backend:
-            parts.append(self.backend)
-        if self.mode:
-            parts.append(self.mode)
-        return "-".join(parts)
+        """Short human name: ``spyre-eager-cb``, ``vllm-cpu``; ``STACK:...`` off the default stack."""
+        return self.variant_id if self.stack == "default" else f"{self.stack}:{self.variant_id}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -84,50 +79,20 @@ class EngineConfig:
 
 
 def validate_engine_config(cfg: EngineConfig) -> None:
-    """Raise ConfigError naming the bad value and the fix; return on a usable config."""
-    if cfg.target not in KNOWN_TARGETS:
+    """Raise ConfigError naming the bad value and the fix; return on a usable config.
+
+    What a kind accepts (modes, backends, block rules) is the kind's own
+    (``harness/targets/<kind>.py``)."""
+    from harness.targets import engine_kinds, kind
+
+    target = kind(cfg.target)
+    if cfg.target not in engine_kinds():
         raise ConfigError(
-            f"unknown target {cfg.target!r}; known targets: {', '.join(KNOWN_TARGETS)}"
-            " (use --target to choose among them)"
+            f"{cfg.target!r} runs no engine; engine targets: {', '.join(engine_kinds())}"
         )
     if cfg.max_model_len <= 0 or cfg.max_num_seqs <= 0:
         raise ConfigError(
             f"max_model_len ({cfg.max_model_len}) and max_num_seqs ({cfg.max_num_seqs})"
             " must be positive"
         )
-    if cfg.target == "spyre":
-        if cfg.mode not in SPYRE_MODES:
-            raise ConfigError(
-                f"unknown spyre mode {cfg.mode!r}; known modes: {', '.join(SPYRE_MODES)}"
-                " (sb = static batching, cb = continuous batching, cp = chunked prefill)"
-            )
-        if cfg.backend not in SPYRE_BACKENDS:
-            raise ConfigError(
-                f"unknown spyre backend {cfg.backend!r}; known backends:"
-                f" {', '.join(SPYRE_BACKENDS)} (eager runs on the CPU, sendnn on a card)"
-            )
-        if cfg.mode == "sb":
-            if cfg.warmup is None:
-                raise ConfigError("spyre static batching (sb) needs a warmup shape")
-            if cfg.warmup.prompt_len % SPYRE_BLOCK_SIZE:
-                raise ConfigError(
-                    f"spyre sb warmup prompt length {cfg.warmup.prompt_len} is not a multiple"
-                    f" of {SPYRE_BLOCK_SIZE}; vllm-spyre refuses it"
-                )
-        elif cfg.max_model_len % SPYRE_BLOCK_SIZE:
-            raise ConfigError(
-                f"spyre {cfg.mode} max_model_len {cfg.max_model_len} is not a multiple of the"
-                f" {SPYRE_BLOCK_SIZE}-token KV block"
-            )
-        if cfg.mode == "cp":
-            chunk = cfg.max_num_batched_tokens
-            if chunk is None or chunk % SPYRE_BLOCK_SIZE:
-                raise ConfigError(
-                    f"spyre chunked prefill needs max_num_batched_tokens a multiple of"
-                    f" {SPYRE_BLOCK_SIZE}; got {chunk}"
-                )
-    elif cfg.mode is not None or cfg.backend is not None:
-        raise ConfigError(
-            f"target {cfg.target!r} takes no mode or backend (got mode={cfg.mode!r},"
-            f" backend={cfg.backend!r}); modes and backends are spyre's"
-        )
+    target.validate(cfg)

@@ -80,8 +80,7 @@ def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[s
         raise EngineStartError(
             f"stack {cfg.stack} is not installed (or its pins changed): run ./setup.sh --stack {cfg.stack}"
         )
-    variant = cfg.label.split(":", 1)[-1]
-    env = {**stack.env, **stack.target_env.get(variant, {})}
+    env = {**stack.env, **stack.target_env.get(cfg.variant_id, {})}
     return str(python), env, dict(stack.engine)
 
 
@@ -251,10 +250,11 @@ class HilSession:
                 )
         runner = self._refs.get(model.content_hash)
         if runner is None:
-            runner = ReferenceRunner(model.path, model.content_hash, self.ref_cache)
+            runner = ReferenceRunner(model.path, model.content_hash, self.ref_cache,
+                                     top_k=self.opts.near_tie.top_k)
             self._refs[model.content_hash] = runner
         with self.timed("reference"):
-            return runner.run(scenario.payload(), top_k=self.opts.near_tie.top_k)
+            return runner.generate(scenario)
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:

@@ -1,72 +1,17 @@
 """Target variants: each (target, backend, mode) a suite runs on, with its markers.
 
-The CPU-mode Spyre runs (eager backend) carry ``cpu``, as vllm-spyre's own
-suite does, so ``-m cpu`` is the full run on a machine without cards; the card
-runs (sendnn backend) carry ``spyre``, and Neuron runs carry ``neuron``.
+The variants are declared by their kinds (``harness/targets/<kind>.py``); this
+module is the selection ``--target`` makes among them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from harness.targets import KINDS, all_modes, all_variants, engine_kinds
+from harness.targets.base import TargetVariant
 
-from harness.engine_config import EngineConfig, WarmupShape
-from harness.scenario import EngineLimits
+__all__ = ["VARIANTS", "TargetVariant", "select_variants"]
 
-
-@dataclass(frozen=True)
-class TargetVariant:
-    id: str
-    target: str
-    backend: str | None
-    mode: str | None
-    markers: tuple[str, ...]
-    device: str | None = None  # inventory id of the leased device, once leased
-    device_env: tuple[tuple[str, str], ...] = ()
-
-    def on_device(self, device: str, env: dict[str, str]) -> TargetVariant:
-        """This variant bound to a leased device and its environment."""
-        from dataclasses import replace
-
-        return replace(self, device=device, device_env=tuple(sorted(env.items())))
-
-    def engine_config(
-        self, model: str, limits: EngineLimits, **overrides: object
-    ) -> EngineConfig:
-        """The engine configuration of this variant for a model and engine limits."""
-        warmup = None
-        if self.mode == "sb":
-            if limits.sb_warmup is None:
-                raise ValueError(f"{self.id} needs sb_warmup in the prompt set's engine limits")
-            warmup = WarmupShape(*limits.sb_warmup)
-        kwargs: dict[str, object] = dict(
-            target=self.target,
-            model=model,
-            max_model_len=limits.max_model_len,
-            max_num_seqs=limits.max_num_seqs,
-            mode=self.mode,
-            backend=self.backend,
-            warmup=warmup,
-            max_num_batched_tokens=limits.cp_chunk if self.mode == "cp" else None,
-            device=self.device,
-            extra_env=self.device_env,
-        )
-        kwargs.update(overrides)
-        return EngineConfig(**kwargs)  # type: ignore[arg-type]
-
-
-VARIANTS: dict[str, TargetVariant] = {
-    v.id: v
-    for v in (
-        TargetVariant("vllm-cpu", "vllm-cpu", None, None, ("cpu",)),
-        TargetVariant("spyre-eager-sb", "spyre", "eager", "sb", ("cpu", "sb")),
-        TargetVariant("spyre-eager-cb", "spyre", "eager", "cb", ("cpu", "cb")),
-        TargetVariant("spyre-eager-cp", "spyre", "eager", "cp", ("cpu", "cp")),
-        TargetVariant("spyre-sendnn-sb", "spyre", "sendnn", "sb", ("spyre", "sb")),
-        TargetVariant("spyre-sendnn-cb", "spyre", "sendnn", "cb", ("spyre", "cb")),
-        TargetVariant("spyre-sendnn-cp", "spyre", "sendnn", "cp", ("spyre", "cp")),
-        TargetVariant("neuron", "neuron", None, None, ("neuron",)),
-    )
-}
+VARIANTS: dict[str, TargetVariant] = all_variants()
 
 
 def select_variants(spec: str | None) -> list[TargetVariant]:
@@ -85,9 +30,10 @@ def select_variants(spec: str | None) -> list[TargetVariant]:
             if v.id == word or v.target == word or v.id.startswith(word + "-") or v.mode == word
         ]
         if not hits:
+            kinds = ", ".join(k for k in engine_kinds() if KINDS[k].variants)
             raise ValueError(
                 f"unknown target {word!r}; known: {', '.join(VARIANTS)}"
-                " (or a kind: vllm-cpu, spyre, neuron; or a mode: sb, cb, cp)"
+                f" (or a kind: {kinds}; or a mode: {', '.join(all_modes())})"
             )
         for v in hits:
             chosen[v.id] = v

@@ -53,7 +53,7 @@ def test_malformed_yaml_names_the_line(tmp_path):
 
 @pytest.mark.parametrize("body,message", [
     ('[[device]]\nkind = "spyre"\n', "device #1: missing 'id'"),
-    ('[[device]]\nid = "x"\nkind = "tpu"\n', "kind 'tpu' is not one of spyre, neuron, cpu"),
+    ('[[device]]\nid = "x"\nkind = "tpu"\n', "kind 'tpu' is not one of cpu, spyre, neuron"),
     ('[[device]]\nid = "x"\nkind = "spyre"\nhealth = "meh"\n', "health 'meh'"),
     ('[[device]]\nid = "x"\nkind = "spyre"\ncolour = 1\n', "unknown field(s) ['colour']"),
     ('[[device]]\nid = "x"\nkind = "cpu"\n[[device]]\nid = "x"\nkind = "cpu"\n', "id listed twice"),

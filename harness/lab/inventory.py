@@ -4,10 +4,10 @@ An inventory file (TOML or YAML) overrides discovery. Schema, one entry per devi
 
     [[device]]
     id = "card0"                 # unique name, used for leases and in reports
-    kind = "spyre"               # spyre | neuron | cpu
+    kind = "spyre"               # a device kind of harness/targets/: spyre | neuron | cpu
     backend = "sendnn"           # spyre only: sendnn (a card) or eager (a CPU-mode stand-in)
     address = "0000:3b:00.0"     # optional: PCI address (spyre) or /dev node (neuron) to check
-    features = ["sb", "cb", "cp"]  # optional: the modes it may run (default: all)
+    features = ["sb", "cb", "cp"]  # optional: the modes of its kind it may run (default: all)
     health = "ok"                # ok | broken | maintenance (only ok devices are leased)
     env = { AIU_WORLD_RANK_0 = "0000:3b:00.0" }   # set in engines started on it
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("spyre", "neuron", "cpu")
+from harness import targets
+
 HEALTH = ("ok", "broken", "maintenance")
-SPYRE_MODES = ("sb", "cb", "cp")
 
 
 class InventoryError(ValueError):
@@ -52,14 +52,11 @@ class InventoryDevice:
             return f"device {self.id} ({self.kind}) is listed but absent: {self.detail}"
         return f"device {self.id} ({self.kind}) has health {self.health!r} in the inventory"
 
-    def serves(self, target: str, backend: str | None, mode: str | None) -> bool:
-        """Whether an engine of this target/backend/mode runs on this device."""
-        if target == "spyre":
-            ok = self.kind == "spyre" and (self.backend or "sendnn") == backend
-            return ok and (not self.features or mode in self.features)
-        if target == "neuron":
-            return self.kind == "neuron"
-        return self.kind == "cpu"
+    @property
+    def leased(self) -> bool:
+        """Whether a pytest process must lease this device (the CPU is shared)."""
+        dk = targets.device_kind(self.kind)
+        return dk is not None and dk.leased
 
 
 @dataclass
@@ -68,7 +65,9 @@ class Inventory:
     source: str = "discovery"
 
     def serving(self, target: str, backend: str | None, mode: str | None) -> list[InventoryDevice]:
-        return [d for d in self.devices if d.serves(target, backend, mode)]
+        """The devices an engine of this kind, backend and mode runs on (the kind decides)."""
+        k = targets.kind(target)
+        return [d for d in self.devices if k.serves(d, backend, mode)]
 
     def kinds(self) -> list[str]:
         return sorted({d.kind for d in self.devices})
@@ -77,12 +76,10 @@ class Inventory:
 def _present(kind: str, address: str | None, root: Path) -> tuple[bool, str]:
     if not address:
         return True, "no address to check"
-    if kind == "spyre":
-        path = root / "sys/bus/pci/devices" / address
-    elif kind == "neuron":
-        path = root / "dev" / address.removeprefix("/dev/")
-    else:
-        return True, "cpu"
+    dk = targets.device_kind(kind)
+    path = dk.address_path(address, root) if dk is not None else None
+    if path is None:
+        return True, kind
     return path.exists(), f"looked for {path}"
 
 
@@ -129,23 +126,27 @@ def load_inventory(path: Path, root: Path = Path("/")) -> Inventory:
             raise InventoryError(f"{where}: id listed twice")
         seen.add(dev_id)
         kind = e.get("kind")
-        if kind not in KINDS:
-            raise InventoryError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        kinds = targets.device_kinds()
+        if kind not in kinds:
+            raise InventoryError(f"{where}: kind {kind!r} is not one of {', '.join(kinds)}")
+        dk = kinds[kind]
         backend = e.get("backend")
-        if kind == "spyre" and backend not in (None, "sendnn", "eager"):
-            raise InventoryError(f"{where}: spyre backend {backend!r} is not sendnn or eager")
+        if dk.backends and backend not in (None, *dk.backends):
+            raise InventoryError(
+                f"{where}: {kind} backend {backend!r} is not {' or '.join(dk.backends)}")
         health = e.get("health", "ok")
         if health not in HEALTH:
             raise InventoryError(f"{where}: health {health!r} is not one of {', '.join(HEALTH)}")
         features = tuple(e.get("features", ()))
-        if kind == "spyre" and not set(features) <= set(SPYRE_MODES):
-            raise InventoryError(f"{where}: features {list(features)} must be among {SPYRE_MODES}")
+        modes = tuple(m for k in targets.kinds_on(kind) for m in k.modes)
+        if modes and not set(features) <= set(modes):
+            raise InventoryError(f"{where}: features {list(features)} must be among {modes}")
         env = e.get("env", {})
         if not isinstance(env, dict):
             raise InventoryError(f"{where}: env must be a table of NAME = \"value\"")
         present, detail = _present(kind, e.get("address"), root)
         devices.append(InventoryDevice(
-            id=dev_id, kind=kind, backend=backend or ("sendnn" if kind == "spyre" else None),
+            id=dev_id, kind=kind, backend=backend or dk.default_backend,
             address=e.get("address"), features=features, health=health,
             env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
             present=present, detail=detail,
@@ -154,20 +155,10 @@ def load_inventory(path: Path, root: Path = Path("/")) -> Inventory:
 
 
 def discover_inventory(root: Path = Path("/")) -> Inventory:
-    """The inventory discovery finds: Spyre cards, Neuron devices, and the CPU."""
-    from harness.lab.devices import discover_neuron, discover_spyre
-
-    devices = []
-    for i, d in enumerate(discover_spyre(root).devices):
-        devices.append(InventoryDevice(
-            id=f"spyre{i}", kind="spyre", backend="sendnn", address=d.id,
-            health="ok" if d.usable else "broken", env=(("AIU_WORLD_RANK_0", d.id),),
-            present=True, detail=d.detail,
-        ))
-    for d in discover_neuron(root).devices:
-        devices.append(InventoryDevice(
-            id=d.id, kind="neuron", address=d.id, health="ok" if d.usable else "broken",
-            present=True, detail=d.detail,
-        ))
+    """The inventory discovery finds: every device kind's devices, and the CPU."""
+    devices: list[InventoryDevice] = []
+    for dk in targets.device_kinds().values():
+        if dk.discover is not None and dk.to_inventory is not None:
+            devices.extend(dk.to_inventory(dk.discover(root)))
     devices.append(InventoryDevice(id="cpu", kind="cpu", detail="this host's CPU"))
     return Inventory(devices=devices, source="discovery")

@@ -22,8 +22,6 @@ from filelock import FileLock, Timeout
 
 from harness.lab.inventory import Inventory, InventoryDevice
 
-LEASED_KINDS = ("spyre", "neuron")  # the CPU is shared, never leased
-
 
 class LeaseUnavailable(RuntimeError):
     """No device of the needed kind could be leased."""
@@ -65,11 +63,16 @@ class LeaseManager:
     def _lock(self, device: InventoryDevice) -> FileLock:
         return FileLock(str(self.lease_dir / f"{device.id}.lock"))
 
+    def leased_devices(self, target: str, backend: str | None,
+                       mode: str | None) -> list[InventoryDevice]:
+        """The devices an engine of this kind would lease ([]: it runs on the shared CPU);
+        whether a device kind is leased is declared by its kind (harness/targets/)."""
+        return [d for d in self.inventory.serving(target, backend, mode) if d.leased]
+
     def lease(self, target: str, backend: str | None, mode: str | None) -> Lease | None:
         """The lease for an engine of this kind, taking one if needed; None when the
         target runs on the shared CPU. Raises LeaseUnavailable with the reason."""
-        candidates = [d for d in self.inventory.serving(target, backend, mode)
-                      if d.kind in LEASED_KINDS]
+        candidates = self.leased_devices(target, backend, mode)
         if not candidates:
             return None
         for lease in self.held.values():

@@ -10,9 +10,9 @@ import pytest
 
 from harness.compare import NearTiePolicy
 from harness.lab.inventory import discover_inventory, load_inventory
-from harness.lab.leases import LEASED_KINDS, LeaseManager, LeaseUnavailable
+from harness.lab.leases import LeaseManager, LeaseUnavailable
 from harness.session import HilSession, Model, SessionOptions
-from harness.targets import VLLM_TARGETS
+from harness.targets import kind
 from harness.variants import TargetVariant
 
 
@@ -85,9 +85,8 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     if stack_problem:
         pytest.skip(stack_problem)
     leases = hil.leases
-    served = leases.inventory.serving(variant.target, variant.backend, variant.mode) if leases else []
-    if not any(d.kind in LEASED_KINDS for d in served):
-        probe = VLLM_TARGETS[variant.target].availability_probe(variant)
+    if not leases or not leases.leased_devices(variant.target, variant.backend, variant.mode):
+        probe = kind(variant.target).availability_probe(variant)
         if probe is not None:
             _missing(request, probe)
         return variant

@@ -47,6 +47,14 @@ class Category:
 
 _EXC = r"(?:[\w.]*\.)?"  # an optional module path before an exception class name
 
+
+def _device_labels() -> str:
+    """The leased device kinds' labels (Spyre|Neuron), as the kind registry declares them."""
+    from harness.targets import device_kinds
+
+    return "|".join(re.escape(d.label) for d in device_kinds().values() if d.leased)
+
+
 CATEGORIES: tuple[Category, ...] = (
     Category(
         "device missing",
@@ -54,7 +62,7 @@ CATEGORIES: tuple[Category, ...] = (
         " --require-device)",
         (
             r"device required but missing:",
-            r"no (?:usable )?(?:Spyre|Neuron) device",
+            rf"no (?:usable )?(?:{_device_labels()}) device",
         ),
         (FAILED, BROKEN, SKIPPED),
     ),

@@ -1,20 +1,90 @@
-"""Targets: one module per device kind, all returning the same Trace type."""
+"""The kind registry: every module here that sets ``KIND`` is a target kind.
+
+Adding a device kind means adding one module (see the README, "Adding a device
+kind"); nothing else names kinds. The lookups the rest of the harness uses:
+``KINDS`` / ``kind(name)``, ``engine_kinds()``, ``all_variants()``,
+``device_kinds()``, ``target_for(cfg)`` and ``nightly_markers(devices)``.
+"""
 
 from __future__ import annotations
 
-from harness.engine_config import EngineConfig
-from harness.targets.base import VllmTarget
-from harness.targets.neuron import NeuronTarget
-from harness.targets.spyre import SpyreTarget
-from harness.targets.vllm_cpu import VllmCpuTarget
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING
 
-VLLM_TARGETS: dict[str, type[VllmTarget]] = {
-    "vllm-cpu": VllmCpuTarget,
-    "spyre": SpyreTarget,
-    "neuron": NeuronTarget,
-}
+from harness.engine_config import ConfigError, EngineConfig
+from harness.targets.base import DeviceKind, TargetKind, TargetVariant, VllmTarget
+
+if TYPE_CHECKING:
+    from harness.lab.inventory import InventoryDevice
+
+
+def _load() -> dict[str, type[TargetKind]]:
+    found: list[type[TargetKind]] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        declared = getattr(module, "KIND", None)
+        if declared is not None:
+            found.append(declared)
+    return {k.name: k for k in sorted(found, key=lambda k: (k.order, k.name))}
+
+
+KINDS: dict[str, type[TargetKind]] = _load()
+
+
+def kind(name: str) -> type[TargetKind]:
+    """The kind called ``name``; ConfigError listing the known ones otherwise."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown target {name!r}; known targets: {', '.join(engine_kinds())}"
+            " (use --target to choose among them)"
+        ) from None
+
+
+def engine_kinds() -> dict[str, type[VllmTarget]]:
+    """The kinds that run engines (every kind but the reference)."""
+    return {n: k for n, k in KINDS.items() if issubclass(k, VllmTarget)}
+
+
+def all_variants() -> dict[str, TargetVariant]:
+    """Every variant of every kind, in kind order: the ``--target`` choices and test ids."""
+    return {v.id: v for k in KINDS.values() for v in k.variants}
+
+
+def all_modes() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(m for k in KINDS.values() for m in k.modes))
+
+
+def device_kinds() -> dict[str, DeviceKind]:
+    """The inventory's device kinds (cpu, spyre, neuron), from the kinds that run on them."""
+    return {k.device.name: k.device for k in KINDS.values()}
+
+
+def device_kind(name: str) -> DeviceKind | None:
+    return device_kinds().get(name)
+
+
+def kinds_on(device_kind_name: str) -> list[type[TargetKind]]:
+    """The kinds whose engines run on devices of this inventory kind."""
+    return [k for k in KINDS.values() if k.device.name == device_kind_name]
 
 
 def target_for(cfg: EngineConfig) -> VllmTarget:
-    """The target module that builds and runs engines of this configuration."""
-    return VLLM_TARGETS[cfg.target](cfg)
+    """The kind that builds and runs engines of this configuration, bound to it."""
+    return engine_kinds()[cfg.target](cfg)  # a valid EngineConfig names an engine kind
+
+
+def nightly_markers(devices: list[InventoryDevice]) -> list[str]:
+    """The platform markers a nightly selects on a host with ``devices``: always ``cpu``,
+    plus the marker of every variant one of the devices serves (a Spyre card: ``spyre``;
+    an eager stand-in serves only ``cpu`` variants)."""
+    wanted = ["cpu"]
+    for v in all_variants().values():
+        k = KINDS[v.target]
+        if v.platform_marker not in wanted and any(k.serves(d, v.backend, v.mode) for d in devices):
+            wanted.append(v.platform_marker)
+    return wanted

@@ -1,10 +1,32 @@
-"""What every vLLM-served target shares: offline environment, request checks."""
+"""What a target kind declares, and what every target answers.
+
+A *kind* (one module under ``harness/targets/``) is the one place that knows a
+device family: the device it runs on (``DeviceKind``: inventory name, whether it
+is leased, how its address is checked, how it is discovered), its variants and
+their markers, its modes and backends, its engine environment and ``vllm.LLM``
+arguments, its KV-pool geometry presets and its availability probe. The
+inventory, leases, markers, ``hil nightly``, the report categories and the
+engine pool all ask the registry (``harness.targets``) instead of naming kinds.
+
+The reference and the engine targets answer the same verb with the same input
+and return the same ``Trace`` (``Runner``), as vLLM's ``HfRunner`` and
+``VllmRunner`` do.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from harness.engine_config import ConfigError, EngineConfig
+from harness.engine_config import ConfigError, EngineConfig, WarmupShape
+
+if TYPE_CHECKING:
+    from harness.lab.devices import DeviceScan
+    from harness.lab.inventory import InventoryDevice
+    from harness.scenario import EngineLimits, Scenario
+    from harness.trace import Trace
 
 # Nothing may come from a model hub or phone home during a run.
 OFFLINE_ENV = {
@@ -21,21 +43,191 @@ OFFLINE_ENV = {
 }
 
 
-class VllmTarget:
-    """A device kind served through vLLM; subclasses add their env and limits."""
+# -- the device a kind runs on ----------------------------------------------------------
 
-    name = "vllm"
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """A kind of device as the inventory, leases and discovery see it."""
+
+    name: str  # the inventory's ``kind``
+    label: str  # in messages: "no Spyre device found"
+    leased: bool  # one pytest process at a time per device (the CPU is shared)
+    backends: tuple[str, ...] = ()  # inventory ``backend`` values; the first is the default
+    address_under: str | None = None  # where an inventory ``address`` is checked, below root
+    discover: Callable[[Path], DeviceScan] | None = None  # sysfs / /dev scan
+    # The inventory entries discovery makes of a scan (ids, env per device).
+    to_inventory: Callable[[DeviceScan], list[InventoryDevice]] | None = None
+
+    @property
+    def default_backend(self) -> str | None:
+        return self.backends[0] if self.backends else None
+
+    def address_path(self, address: str, root: Path) -> Path | None:
+        """The path whose existence says an inventory device is present (None: not checked)."""
+        if self.address_under is None:
+            return None
+        return root / self.address_under / address.removeprefix(f"/{self.address_under}/")
+
+
+CPU_DEVICE = DeviceKind(name="cpu", label="CPU", leased=False)
+
+
+# -- KV pool geometry --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    """How a kind lays out its KV pool.
+
+    ``block_size`` tokens per block, or None for one block per sequence
+    (block_size = max_model_len, the Neuron geometry); ``pad_blocks`` the blocks
+    the platform keeps back (vLLM's null block, Spyre's pad block 0); ``fixed``
+    when the platform sets the block size itself and a configuration cannot.
+    """
+
+    block_size: int | None
+    pad_blocks: int = 1
+    fixed: bool = False
+
+    def block_tokens(self, max_model_len: int) -> int:
+        return self.block_size if self.block_size is not None else max_model_len
+
+    def engine_overrides(
+        self, max_model_len: int, max_num_seqs: int, extra_blocks: int = 0
+    ) -> dict[str, int]:
+        """``block_size`` and ``num_blocks_override`` for exactly a full batch of
+        full-length requests (plus ``extra_blocks``); {} when the platform decides."""
+        if self.fixed:
+            return {}
+        size = self.block_tokens(max_model_len)
+        per_request = -(-max_model_len // size)
+        blocks = max_num_seqs * per_request + self.pad_blocks + extra_blocks
+        return {"block_size": size, "num_blocks_override": blocks}
+
+
+# -- variants ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetVariant:
+    """One (kind, backend, mode) a suite runs on, with its markers.
+
+    The first marker is the platform marker (``cpu``, ``spyre``, ``neuron``):
+    what ``-m`` and ``hil nightly`` select on.
+    """
+
+    id: str
+    target: str
+    backend: str | None
+    mode: str | None
+    markers: tuple[str, ...]
+    device: str | None = None  # inventory id of the leased device, once leased
+    device_env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def platform_marker(self) -> str:
+        return self.markers[0]
+
+    def on_device(self, device: str, env: dict[str, str]) -> TargetVariant:
+        """This variant bound to a leased device and its environment."""
+        return replace(self, device=device, device_env=tuple(sorted(env.items())))
+
+    def engine_config(
+        self, model: str, limits: EngineLimits, **overrides: object
+    ) -> EngineConfig:
+        """The engine configuration of this variant for a model and engine limits."""
+        warmup = None
+        if self.mode == "sb":
+            if limits.sb_warmup is None:
+                raise ValueError(f"{self.id} needs sb_warmup in the prompt set's engine limits")
+            warmup = WarmupShape(*limits.sb_warmup)
+        kwargs: dict[str, object] = dict(
+            target=self.target,
+            model=model,
+            max_model_len=limits.max_model_len,
+            max_num_seqs=limits.max_num_seqs,
+            mode=self.mode,
+            backend=self.backend,
+            warmup=warmup,
+            max_num_batched_tokens=limits.cp_chunk if self.mode == "cp" else None,
+            device=self.device,
+            extra_env=self.device_env,
+        )
+        kwargs.update(overrides)
+        return EngineConfig(**kwargs)  # type: ignore[arg-type]
+
+
+# -- the kind ---------------------------------------------------------------------------
+
+
+class TargetKind:
+    """The declaration of one kind; a module under harness/targets/ sets ``KIND`` to one."""
+
+    name: ClassVar[str] = ""
+    order: ClassVar[int] = 100  # position in variant lists and test ids
+    device: ClassVar[DeviceKind] = CPU_DEVICE
+    modes: ClassVar[tuple[str, ...]] = ()  # e.g. sb / cb / cp
+    mode_help: ClassVar[str] = ""
+    backends: ClassVar[tuple[str, ...]] = ()
+    backend_help: ClassVar[str] = ""
+    variants: ClassVar[tuple[TargetVariant, ...]] = ()
+    geometries: ClassVar[dict[str, PoolGeometry]] = {"default": PoolGeometry(None)}
+
+    @classmethod
+    def geometry(cls, name: str = "default") -> PoolGeometry:
+        try:
+            return cls.geometries[name]
+        except KeyError:
+            raise KeyError(
+                f"{cls.name} has no pool geometry {name!r}; known: {', '.join(cls.geometries)}"
+            ) from None
+
+    @classmethod
+    def availability_probe(cls, variant: TargetVariant) -> str | None:
+        """None when this machine can run ``variant``, else a precise reason to skip."""
+        return None
+
+    @classmethod
+    def serves(cls, device: InventoryDevice, backend: str | None, mode: str | None) -> bool:
+        """Whether an engine of this kind, backend and mode runs on ``device``."""
+        if device.kind != cls.device.name:
+            return False
+        return not device.features or mode in device.features
+
+    @classmethod
+    def validate(cls, cfg: EngineConfig) -> None:
+        """Raise ConfigError naming the bad value of ``cfg`` and the fix."""
+        if not cls.modes:
+            if cfg.mode is not None or cfg.backend is not None:
+                raise ConfigError(
+                    f"target {cfg.target!r} takes no mode or backend (got mode={cfg.mode!r},"
+                    f" backend={cfg.backend!r}); modes and backends are other kinds'"
+                )
+            return
+        if cfg.mode not in cls.modes:
+            raise ConfigError(
+                f"unknown {cls.name} mode {cfg.mode!r}; known modes: {', '.join(cls.modes)}"
+                + (f" ({cls.mode_help})" if cls.mode_help else "")
+            )
+        if cfg.backend not in cls.backends:
+            raise ConfigError(
+                f"unknown {cls.name} backend {cfg.backend!r}; known backends:"
+                f" {', '.join(cls.backends)}" + (f" ({cls.backend_help})" if cls.backend_help else "")
+            )
+
+
+class VllmTarget(TargetKind):
+    """A kind served through vLLM; subclasses add their env, arguments and limits."""
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
 
-    @classmethod
-    def availability_probe(cls, variant: Any) -> str | None:
-        """None when this machine can run ``variant``, else a precise reason to skip."""
-        return None
-
     def engine_env(self) -> dict[str, str]:
-        """Environment variables the engine process needs, on top of the inherited one."""
+        """Environment variables the engine process needs, on top of the inherited one.
+
+        The one source of a kind's engine environment: stack files add only what a
+        stack needs differently (``[env]``, ``[targets.env.VARIANT]``)."""
         return dict(OFFLINE_ENV)
 
     def llm_kwargs(self) -> dict[str, Any]:
@@ -67,3 +259,34 @@ class VllmTarget:
                 f" max_model_len {self.cfg.max_model_len} on {self.cfg.label};"
                 " shorten the prompt, lower max_tokens or raise max_model_len"
             )
+
+
+# -- the common verbs -------------------------------------------------------------------
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """What the reference and every engine target answer: the same verb, the same
+    input, the same Trace (as vLLM's HfRunner and VllmRunner)."""
+
+    label: str
+
+    def generate(self, scenario: Scenario) -> Trace:
+        """Greedy outputs, with top-k log-probabilities, for every request of ``scenario``."""
+        ...
+
+
+class EngineRunner:
+    """An engine target as a Runner: the engine of ``cfg`` in a session's pool."""
+
+    def __init__(self, session: Any, cfg: EngineConfig) -> None:
+        self.session = session  # HilSession (not imported: it imports this package)
+        self.cfg = cfg
+        self.label = cfg.label
+
+    def generate(self, scenario: Scenario) -> Trace:
+        return self.session.generate(self.cfg, scenario)  # type: ignore[no-any-return]
+
+    def run_steps(self, scenario: Scenario) -> Trace:
+        """The engine-only verb: one engine step at a time, with scheduler and KV state."""
+        return self.session.run_steps(self.cfg, scenario)  # type: ignore[no-any-return]

@@ -9,12 +9,28 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.reference_cache import ReferenceCache
+from harness.targets.base import CPU_DEVICE, TargetKind
 from harness.trace import RequestTrace, TokenStep, Trace
 
+if TYPE_CHECKING:
+    from harness.scenario import Scenario
+
 NAME = "cpu-ref"
+
+
+class CpuReference(TargetKind):
+    """The reference kind: runs on the shared CPU, no engine and no test variants of its own
+    (every variant is compared against it)."""
+
+    name = NAME
+    order = 0
+    device = CPU_DEVICE
+
+
+KIND = CpuReference
 
 
 def reference_stack() -> dict[str, str]:
@@ -32,9 +48,12 @@ def reference_stack() -> dict[str, str]:
 class ReferenceRunner:
     """Greedy decoding with transformers, one prompt at a time, cached."""
 
+    label = NAME
+
     def __init__(
-        self, model_path: Path, model_hash: str, cache: ReferenceCache
+        self, model_path: Path, model_hash: str, cache: ReferenceCache, top_k: int = 5
     ) -> None:
+        self.top_k = top_k  # top log-probabilities kept per position (the near-tie rule's k)
         self.model_path = model_path
         self.model_hash = model_hash
         self.cache = cache
@@ -84,6 +103,10 @@ class ReferenceRunner:
                     use_cache=True,
                 )
         return steps
+
+    def generate(self, scenario: Scenario) -> Trace:
+        """The Runner verb: reference outputs for every request of ``scenario``."""
+        return self.run(scenario.payload(), self.top_k)
 
     def run(self, requests: list[dict[str, Any]], top_k: int) -> Trace:
         """Reference outputs for ``requests`` (request_id, prompt_token_ids, max_tokens)."""

@@ -1,15 +1,47 @@
-"""neuron: vllm-neuron on AWS Inferentia/Trainium devices."""
+"""neuron: vllm-neuron on AWS Inferentia/Trainium devices (/dev/neuron<N>)."""
 
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from harness.targets.base import VllmTarget
+from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
+
+if TYPE_CHECKING:
+    from harness.lab.devices import DeviceScan
+    from harness.lab.inventory import InventoryDevice
+
+
+def _discover(root: Path) -> DeviceScan:
+    from harness.lab.devices import discover_neuron
+
+    return discover_neuron(root)
+
+
+def _to_inventory(scan: DeviceScan) -> list[InventoryDevice]:
+    from harness.lab.inventory import InventoryDevice
+
+    return [
+        InventoryDevice(id=d.id, kind="neuron", address=d.id,
+                        health="ok" if d.usable else "broken", present=True, detail=d.detail)
+        for d in scan.devices
+    ]
+
+
+NEURON_DEVICE = DeviceKind(
+    name="neuron", label="Neuron", leased=True, address_under="dev",
+    discover=_discover, to_inventory=_to_inventory,
+)
 
 
 class NeuronTarget(VllmTarget):
     name = "neuron"
+    order = 30
+    device = NEURON_DEVICE
+    variants = (TargetVariant("neuron", "neuron", None, None, ("neuron",)),)
+    # One block per sequence; the platform adds the null block.
+    geometries = {"default": PoolGeometry(None)}
 
     @classmethod
     def availability_probe(cls, variant: Any) -> str | None:
@@ -32,6 +64,8 @@ class NeuronTarget(VllmTarget):
 
     def llm_kwargs(self) -> dict[str, Any]:
         kw = super().llm_kwargs()
-        # The Neuron geometry: one block per sequence; the platform adds the null block.
-        kw.setdefault("block_size", self.cfg.max_model_len)
+        kw.setdefault("block_size", self.geometry().block_tokens(self.cfg.max_model_len))
         return kw
+
+
+KIND = NeuronTarget

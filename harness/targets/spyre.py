@@ -1,14 +1,28 @@
-"""spyre: the real vllm-spyre plugin; eager on the CPU, sendnn on a card."""
+"""spyre: the real vllm-spyre plugin; eager on the CPU, sendnn on a card.
+
+The CPU-mode runs (eager backend) carry ``cpu``, as vllm-spyre's own suite does,
+so ``-m cpu`` is the full run on a machine without cards; the card runs
+(sendnn backend) carry ``spyre``. Each also carries its mode (sb, cb, cp).
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import math
 import socket
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from harness.engine_config import SPYRE_BLOCK_SIZE, ConfigError
-from harness.targets.base import VllmTarget
+from harness.engine_config import ConfigError, EngineConfig
+from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
+
+if TYPE_CHECKING:
+    from harness.lab.devices import DeviceScan
+    from harness.lab.inventory import InventoryDevice
+
+BLOCK_SIZE = 64  # vllm-spyre's fixed KV block size (platform._block_size)
+MODES = ("sb", "cb", "cp")
+BACKENDS = ("sendnn", "eager")  # the inventory's default first: a card
 
 
 def free_port() -> int:
@@ -18,8 +32,46 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _discover(root: Path) -> DeviceScan:
+    from harness.lab.devices import discover_spyre
+
+    return discover_spyre(root)
+
+
+def _to_inventory(scan: DeviceScan) -> list[InventoryDevice]:
+    from harness.lab.inventory import InventoryDevice
+
+    return [
+        InventoryDevice(
+            id=f"spyre{i}", kind="spyre", backend="sendnn", address=d.id,
+            health="ok" if d.usable else "broken", env=(("AIU_WORLD_RANK_0", d.id),),
+            present=True, detail=d.detail,
+        )
+        for i, d in enumerate(scan.devices)
+    ]
+
+
+SPYRE_DEVICE = DeviceKind(
+    name="spyre", label="Spyre", leased=True, backends=BACKENDS,
+    address_under="sys/bus/pci/devices", discover=_discover, to_inventory=_to_inventory,
+)
+
+
 class SpyreTarget(VllmTarget):
     name = "spyre"
+    order = 20
+    device = SPYRE_DEVICE
+    modes = MODES
+    mode_help = "sb = static batching, cb = continuous batching, cp = chunked prefill"
+    backends = ("eager", "sendnn")
+    backend_help = "eager runs on the CPU, sendnn on a card"
+    variants = tuple(
+        TargetVariant(f"spyre-{backend}-{mode}", "spyre", backend, mode, (marker, mode))
+        for backend, marker in (("eager", "cpu"), ("sendnn", "spyre"))
+        for mode in MODES
+    )
+    # The platform fixes 64-token blocks and keeps block 0 as the pad block.
+    geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
 
     @classmethod
     def availability_probe(cls, variant: Any) -> str | None:
@@ -38,6 +90,35 @@ class SpyreTarget(VllmTarget):
                 " install the Spyre software stack or use -m cpu"
             )
         return None
+
+    @classmethod
+    def serves(cls, device: InventoryDevice, backend: str | None, mode: str | None) -> bool:
+        # An inventory may list an eager (CPU-mode) stand-in as a spyre device.
+        return super().serves(device, backend, mode) and (device.backend or "sendnn") == backend
+
+    @classmethod
+    def validate(cls, cfg: EngineConfig) -> None:
+        super().validate(cfg)
+        if cfg.mode == "sb":
+            if cfg.warmup is None:
+                raise ConfigError("spyre static batching (sb) needs a warmup shape")
+            if cfg.warmup.prompt_len % BLOCK_SIZE:
+                raise ConfigError(
+                    f"spyre sb warmup prompt length {cfg.warmup.prompt_len} is not a multiple"
+                    f" of {BLOCK_SIZE}; vllm-spyre refuses it"
+                )
+        elif cfg.max_model_len % BLOCK_SIZE:
+            raise ConfigError(
+                f"spyre {cfg.mode} max_model_len {cfg.max_model_len} is not a multiple of the"
+                f" {BLOCK_SIZE}-token KV block"
+            )
+        if cfg.mode == "cp":
+            chunk = cfg.max_num_batched_tokens
+            if chunk is None or chunk % BLOCK_SIZE:
+                raise ConfigError(
+                    f"spyre chunked prefill needs max_num_batched_tokens a multiple of"
+                    f" {BLOCK_SIZE}; got {chunk}"
+                )
 
     def engine_env(self) -> dict[str, str]:
         cfg = self.cfg
@@ -85,10 +166,13 @@ class SpyreTarget(VllmTarget):
                     f" {w.new_tokens}); raise the warmup shape or shorten the request"
                 )
             return
-        padded = math.ceil(prompt_len / SPYRE_BLOCK_SIZE) * SPYRE_BLOCK_SIZE
+        padded = math.ceil(prompt_len / BLOCK_SIZE) * BLOCK_SIZE
         if padded + max_tokens > cfg.max_model_len:
             raise ConfigError(
                 f"prompt of {prompt_len} tokens (padded to {padded}, the next multiple of"
-                f" {SPYRE_BLOCK_SIZE}) + max_tokens {max_tokens} exceeds max_model_len"
+                f" {BLOCK_SIZE}) + max_tokens {max_tokens} exceeds max_model_len"
                 f" {cfg.max_model_len} on {cfg.label}; shorten the prompt or lower max_tokens"
             )
+
+
+KIND = SpyreTarget

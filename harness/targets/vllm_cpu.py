@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.targets.base import VllmTarget
+from harness.targets.base import CPU_DEVICE, PoolGeometry, TargetVariant, VllmTarget
 
 
 class VllmCpuTarget(VllmTarget):
     name = "vllm-cpu"
+    order = 10
+    device = CPU_DEVICE
+    variants = (TargetVariant("vllm-cpu", "vllm-cpu", None, None, ("cpu",)),)
+    # The suites choose the pool: 16-token blocks (vLLM's paged layout) or one block
+    # per sequence (block_size = max_model_len: the Neuron geometry, on the CPU).
+    geometries = {
+        "paged": PoolGeometry(16),
+        "one-block-per-sequence": PoolGeometry(None),
+    }
 
     def engine_env(self) -> dict[str, str]:
         env = super().engine_env()
@@ -27,3 +36,6 @@ class VllmCpuTarget(VllmTarget):
         # so the scheduler and KV state read between steps is coherent.
         kw.update(dtype="float32", enforce_eager=True, async_scheduling=False)
         return kw
+
+
+KIND = VllmCpuTarget
