@@ -1,0 +1,115 @@
+"""The kind registry: each kind declares itself once and the harness asks it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import targets
+from harness.cli import nightly_selection
+from harness.engine_config import ConfigError, EngineConfig, WarmupShape
+from harness.lab.inventory import InventoryDevice, load_inventory
+from harness.reference_cache import ReferenceCache
+from harness.targets.base import EngineRunner, Runner, VllmTarget
+from harness.targets.cpu_ref import ReferenceRunner
+from harness.variants import VARIANTS
+
+
+def test_registry_lists_each_kind_once_in_order() -> None:
+    assert list(targets.KINDS) == ["cpu-ref", "vllm-cpu", "spyre", "neuron"]
+    assert list(targets.engine_kinds()) == ["vllm-cpu", "spyre", "neuron"]
+    assert list(targets.device_kinds()) == ["cpu", "spyre", "neuron"]
+    assert {n: d.leased for n, d in targets.device_kinds().items()} == {
+        "cpu": False, "spyre": True, "neuron": True}
+    assert list(VARIANTS) == [
+        "vllm-cpu", "spyre-eager-sb", "spyre-eager-cb", "spyre-eager-cp",
+        "spyre-sendnn-sb", "spyre-sendnn-cb", "spyre-sendnn-cp", "neuron"]
+    assert VARIANTS["spyre-eager-cb"].markers == ("cpu", "cb")
+    assert VARIANTS["spyre-sendnn-cp"].platform_marker == "spyre"
+
+
+def test_unknown_target_and_mode_name_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="unknown target 'tpu'; known targets: vllm-cpu, spyre, neuron"):
+        EngineConfig(target="tpu", model="m", max_model_len=256, max_num_seqs=2)
+    with pytest.raises(ConfigError, match="runs no engine"):
+        EngineConfig(target="cpu-ref", model="m", max_model_len=256, max_num_seqs=2)
+    with pytest.raises(ConfigError, match="unknown spyre mode 'xb'; known modes: sb, cb, cp"):
+        EngineConfig(target="spyre", model="m", max_model_len=256, max_num_seqs=2,
+                     mode="xb", backend="eager")
+    with pytest.raises(ConfigError, match="takes no mode or backend"):
+        EngineConfig(target="vllm-cpu", model="m", max_model_len=256, max_num_seqs=2, mode="cb")
+
+
+def test_variant_id_is_carried_not_parsed() -> None:
+    cfg = EngineConfig(target="spyre", model="m", max_model_len=256, max_num_seqs=2, mode="sb",
+                       backend="eager", warmup=WarmupShape(64, 20, 2), stack="legacy-spyre-0.4")
+    assert cfg.label == "legacy-spyre-0.4:spyre-eager-sb"
+    assert cfg.variant_id == "spyre-eager-sb"
+
+
+def test_pool_geometry_presets() -> None:
+    cpu = targets.kind("vllm-cpu")
+    assert cpu.geometry("paged").engine_overrides(256, 4) == {
+        "block_size": 16, "num_blocks_override": 4 * 16 + 1}
+    assert cpu.geometry("one-block-per-sequence").engine_overrides(256, 4) == {
+        "block_size": 256, "num_blocks_override": 5}
+    assert targets.kind("spyre").geometry().engine_overrides(256, 4) == {}
+    assert targets.kind("spyre").geometry().block_tokens(256) == 64
+    with pytest.raises(KeyError, match="vllm-cpu has no pool geometry 'huge'; known: paged"):
+        cpu.geometry("huge")
+
+
+def test_neuron_engine_gets_one_block_per_sequence() -> None:
+    cfg = EngineConfig(target="neuron", model="m", max_model_len=256, max_num_seqs=2)
+    assert targets.target_for(cfg).llm_kwargs()["block_size"] == 256
+
+
+def test_nightly_selection_from_the_devices_kinds_serve(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[device]]\nid = "card0"\nkind = "spyre"\nfeatures = ["cb"]\n'
+                   '[[device]]\nid = "stand-in"\nkind = "spyre"\nbackend = "eager"\n')
+    devices = load_inventory(inv, root=tmp_path).devices
+    assert nightly_selection(devices) == "nightly and (cpu or spyre)"
+    assert nightly_selection(devices[1:]) == "nightly and (cpu)"
+    neuron = InventoryDevice(id="neuron0", kind="neuron")
+    assert nightly_selection([neuron]) == "nightly and (cpu or neuron)"
+
+
+def test_inventory_checks_against_the_kinds(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[device]]\nid = "n"\nkind = "neuron"\naddress = "/dev/neuron3"\n')
+    (dev,) = load_inventory(inv, root=tmp_path).devices
+    assert not dev.present and str(tmp_path / "dev" / "neuron3") in dev.detail
+    assert dev.leased
+
+
+def test_reference_and_engines_answer_the_same_verb(tmp_path: Path) -> None:
+    ref = ReferenceRunner(tmp_path, "hash", ReferenceCache(tmp_path / "c"), top_k=3)
+    cfg = EngineConfig(target="vllm-cpu", model="m", max_model_len=256, max_num_seqs=2)
+    calls = []
+
+    class Session:
+        def generate(self, c: EngineConfig, scenario: object) -> str:
+            calls.append((c, scenario))
+            return "trace"
+
+    eng = EngineRunner(Session(), cfg)
+    assert isinstance(ref, Runner) and isinstance(eng, Runner)
+    assert eng.generate("scenario") == "trace" and calls == [(cfg, "scenario")]  # type: ignore[arg-type,comparison-overlap]
+    assert ref.label == "cpu-ref" and eng.label == "vllm-cpu"
+
+
+def test_each_engine_kind_owns_its_environment() -> None:
+    envs = {}
+    for name, kind in targets.engine_kinds().items():
+        assert issubclass(kind, VllmTarget)
+        cfg = VARIANTS[kind.variants[0].id].engine_config(
+            "m", type("L", (), {"max_model_len": 256, "max_num_seqs": 2, "sb_warmup": (64, 20, 2),
+                                "cp_chunk": 64})())
+        envs[name] = kind(cfg).engine_env()
+    assert envs["vllm-cpu"]["VLLM_PLUGINS"] == ""
+    assert envs["spyre"]["VLLM_PLUGINS"] == "spyre"
+    assert envs["spyre"]["VLLM_SPYRE_USE_CB"] == "0"  # the first spyre variant is sb
+    assert envs["neuron"]["VLLM_PLUGINS"] == "neuron"
+    assert all(e["HF_HUB_OFFLINE"] == "1" for e in envs.values())
