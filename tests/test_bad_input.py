@@ -95,6 +95,7 @@ def test_scenario_is_refused_before_the_engine_starts(tmp_path):
     assert session.pool.started == []
 
 
+@pytest.mark.e2e  # starts an engine process
 def test_model_the_stack_cannot_load(tmp_path):
     model = tmp_path / "not-a-model"
     model.mkdir()
@@ -109,6 +110,7 @@ def test_model_the_stack_cannot_load(tmp_path):
     assert "supports its architecture" in text
 
 
+@pytest.mark.e2e  # runs a child pytest
 def test_cli_rejects_unknown_target_and_missing_model(tmp_path):
     run = run_suite(tmp_path, "suites/test_token_equality.py", "--target", "tpu")
     assert run.returncode == 4

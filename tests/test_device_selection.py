@@ -8,6 +8,7 @@ from harness.variants import VARIANTS
 from tests.suite_runner import run_suite
 
 
+@pytest.mark.e2e  # runs a child pytest
 def test_spyre_card_runs_skip_with_what_was_looked_for(tmp_path):
     if SpyreTarget.availability_probe(VARIANTS["spyre-sendnn-cb"]) is None:
         pytest.skip("a Spyre card is present here: the card runs execute instead")
@@ -19,6 +20,7 @@ def test_spyre_card_runs_skip_with_what_was_looked_for(tmp_path):
     assert "no Spyre device found: looked for PCI vendor:device 1014:06a7" in run.output
 
 
+@pytest.mark.e2e  # runs a child pytest
 def test_require_device_turns_the_skip_into_a_failure(tmp_path):
     if SpyreTarget.availability_probe(VARIANTS["spyre-sendnn-cb"]) is None:
         pytest.skip("a Spyre card is present here: the card runs execute instead")

@@ -2,10 +2,14 @@
 last request finishes, one step before the runner frees its blocks, so the engine is drained
 before the next test and the step-driven run starts from an idle ledger (order-independent)."""
 
+import pytest
+
 from harness.kv import KvSnapshot, check_idle
 from harness.scenario import EngineLimits, shaped_scenario
 from harness.session import HilSession, SessionOptions
 from harness.variants import VARIANTS
+
+pytestmark = pytest.mark.e2e  # starts a vllm-spyre engine
 
 
 def test_generate_leaves_the_spyre_runner_idle_for_the_next_test(tmp_path):

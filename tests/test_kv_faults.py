@@ -4,6 +4,8 @@ import pytest
 
 from tests.suite_runner import run_suite
 
+pytestmark = pytest.mark.e2e  # each test runs a suite in a child pytest with engines
+
 
 def failing_messages(run):
     assert run.returncode == 1, run.output[-3000:]

@@ -4,7 +4,11 @@ that crashes, a hung engine, shards that split a nightly, and a quarantine."""
 import subprocess
 import sys
 
+import pytest
+
 from tests.suite_runner import ROOT, run_suite
+
+pytestmark = pytest.mark.e2e  # each test runs suites in a child pytest with engines
 
 CARDS = """
 [[device]]

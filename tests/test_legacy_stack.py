@@ -10,10 +10,13 @@ from tests.suite_runner import run_suite
 
 STACK = "legacy-spyre-0.4"
 
-pytestmark = pytest.mark.skipif(
-    stack_python(STACK) is None,
-    reason=f"stack {STACK} is not installed: run ./setup.sh --stack {STACK}",
-)
+pytestmark = [
+    pytest.mark.e2e,  # each test runs a suite in a child pytest on the legacy stack
+    pytest.mark.skipif(
+        stack_python(STACK) is None,
+        reason=f"stack {STACK} is not installed: run ./setup.sh --stack {STACK}",
+    ),
+]
 
 
 def test_dummy_kept_on_join_fails_at_the_join_step(tmp_path):

@@ -401,6 +401,7 @@ def _tool_or_skip() -> None:
         pytest.skip(f"report tool missing: {e}")
 
 
+@pytest.mark.e2e  # runs the report tool (Java)
 def test_report_from_bad_and_empty_folders_is_still_produced(tmp_path):
     _tool_or_skip()
     out = generate.generate_report(results_folder(tmp_path), tmp_path / "report")

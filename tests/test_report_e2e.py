@@ -28,6 +28,8 @@ from harness.report import generate
 from harness.report.results import labels_of, load_results
 from tests.suite_runner import ROOT, run_suite
 
+pytestmark = pytest.mark.e2e  # runs suites in a child pytest, the report tool and a browser
+
 SELECTION = [
     "suites/test_token_equality.py", "suites/test_block_freeing.py",
     "-k", "(greedy and single and not one-token) or finish-back-to-idle or after_warmup",

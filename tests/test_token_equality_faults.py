@@ -12,6 +12,8 @@ import pytest
 
 from tests.suite_runner import run_suite
 
+pytestmark = pytest.mark.e2e  # each test runs a suite in a child pytest with engines
+
 
 @pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cb"])
 def test_perturbed_logit_fails_token_equality(tmp_path, target):

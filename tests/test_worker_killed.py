@@ -5,7 +5,11 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from tests.suite_runner import ROOT
+
+pytestmark = pytest.mark.e2e  # runs a child pytest with two workers and kills one
 
 TEST_FILE = '''
 import os
