@@ -3,19 +3,21 @@
 Runs before any virtual environment exists, so it uses the standard library only::
 
     python3.11 -m harness.stacks list
-    python3.11 -m harness.stacks install legacy-spyre-0.4 [--relock]
+    python3.11 -m harness.stacks install legacy-spyre-0.4 [--relock] [--venv PATH]
     python3.11 -m harness.stacks python legacy-spyre-0.4   # the venv's python, if installed
+    python3.11 -m harness.stacks rehash default           # re-hash the lock's pins, no resolve
 
 The schema is documented at the top of every stack file. An installed stack has a
 stamp file in its venv holding a hash of its stamp files (the stack file and its
 pins); ``install`` with an unchanged stamp does nothing, and ``stack_python``
 returns a venv's python only when its stamp matches the files in the repo.
 
-Stacks with ``installer = "steps"`` are installed here, step by step: on the first
-install (no lock file yet) or with ``--relock`` the ``when = "resolve"`` steps
-resolve the pins and freeze them into the lock; later installs run the
-``when = "locked"`` steps, which install exactly the lock with ``--no-deps``.
-The default stack has ``installer = "setup.sh"``: ``install default`` runs setup.sh.
+Every stack, the default one included (``./setup.sh`` is a thin entry point over
+this module), is installed here, step by step: on the first install (no lock file
+yet) or with ``--relock`` the ``when = "resolve"`` steps resolve the pins and the
+freeze step writes them, each with its hash (``harness.stack_locks``), into the
+lock; later installs run the ``when = "locked"`` steps, which install exactly the
+lock with ``--no-deps --require-hashes``.
 """
 
 from __future__ import annotations
@@ -40,12 +42,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.stack_locks import LockError, read_pins, write_hashed_lock
+
 ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = ROOT / "stacks"
 STAMP_NAME = ".hil-stack-stamp"
 WORK_NAME = ".hil-stack-work"  # downloads and extracted files, inside the venv
 DEFAULT_STACK = "default"
-INSTALLERS = ("steps", "setup.sh")
+INSTALLERS = ("steps",)
 WHEN = ("always", "resolve", "locked")
 STEP_KINDS = ("pip", "python", "extract", "freeze")
 PLACEHOLDER = re.compile(r"\{(root|venv|python|lock|work)\}")
@@ -101,7 +105,7 @@ class Stack:
 
     def install_command(self) -> str:
         """The command a user runs to install this stack (for skip messages)."""
-        if self.installer == "setup.sh":
+        if self.name == DEFAULT_STACK:
             return "./setup.sh"
         return f"./setup.sh --stack {self.name}"
 
@@ -208,6 +212,16 @@ def load_stack(name: str) -> Stack:
     stamp_files = _str_list(raw.get("stamp_files"), f"{where}: stamp_files")
     if not stamp_files:
         raise StackError(f"{where}: stamp_files is empty")
+    if name == DEFAULT_STACK:
+        # The default stack's engines run in this process's venv with the kinds' own
+        # environment and arguments (harness/targets/): a copy here would never be read.
+        copies = [k for k in ("env", "engine") if raw.get(k)] + (
+            ["targets.env"] if targets.get("env") else [])
+        if copies:
+            raise StackError(
+                f"{where}: {', '.join(copies)} set, but the default stack's engine environment"
+                " and arguments are the target kinds' (harness/targets/<kind>.py); change them"
+                " there, or describe a stack of its own")
     return Stack(
         name=name,
         path=path,
@@ -236,9 +250,8 @@ def load_stack(name: str) -> Stack:
 def stamp_hash(stack: Stack) -> str | None:
     """sha256 of the stamp files' bytes, concatenated in order (first 16 hex digits).
 
-    The same recipe as setup.sh (``cat FILES | sha256sum | cut -c1-16``), so the
-    default stack's stamp written by setup.sh is read here unchanged. None when a
-    stamp file is missing (for example a lock not yet resolved).
+    (``cat FILES | sha256sum | cut -c1-16``.) None when a stamp file is missing
+    (for example a lock not yet resolved).
     """
     h = hashlib.sha256()
     for p in stack.stamp_files:
@@ -402,19 +415,12 @@ class _Installer:
             (ln for ln in out.stdout.splitlines() if ln.strip() and _freeze_name(ln) not in skip),
             key=str.lower,
         )
-        rel = self.stack.path.relative_to(ROOT)
-        header = [
-            f"# Exact pins of the {self.stack.name} stack (Linux x86_64, CPython"
-            f" {self.stack.python}), installed with --no-deps.",
-            f"# Written by the freeze step of {rel}; regenerate with"
-            f" ./setup.sh --stack {self.stack.name} --relock.",
-        ]
-        if exclude:
-            header.append(f"# Not listed (installed by their own steps): {', '.join(exclude)}.")
-        tmp = lock.with_suffix(lock.suffix + ".new")
-        tmp.write_text("\n".join(header + lines) + "\n")
-        tmp.replace(lock)
-        print(f"    wrote {lock.relative_to(ROOT)} ({len(lines)} pins)", flush=True)
+        header = lock_header_for(self.stack, exclude)
+        try:
+            n = write_hashed_lock(lock, header, lines, str(self.stack.venv_python))
+        except LockError as e:
+            raise StackError(f"hashing the pins: {e}") from e
+        print(f"    wrote {_rel(lock)} ({n} pins, each with its sha256)", flush=True)
 
     def check_versions(self) -> None:
         want = self.stack.versions
@@ -515,26 +521,53 @@ class _Installer:
         stack.stamp_path.write_text(stamp + "\n")
         print(
             f"==> [{stack.name}] installed in {time.monotonic() - t_start:.0f} s ({stamp});"
-            f" python: {stack.venv_python.relative_to(ROOT)}",
+            f" python: {_rel(stack.venv_python)}",
             flush=True,
         )
         return True
 
 
-def install_stack(name: str, relock: bool = False) -> bool:
-    """Install stack ``name`` into its venv; True when something was installed.
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def lock_header_for(stack: Stack, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The comment lines at the top of a stack's lock."""
+    header = [
+        f"# Exact pins of the {stack.name} stack (Linux x86_64, CPython {stack.python}), each with"
+        " the sha256 of the file pip picks for it;",
+        "# installed with --no-deps --require-hashes. Written by the freeze step of"
+        f" {_rel(stack.path)}; regenerate with {stack.install_command()} --relock.",
+    ]
+    if exclude:
+        header.append(f"# Not listed (installed by their own steps): {', '.join(exclude)}.")
+    return header
+
+
+def rehash_lock(name: str) -> int:
+    """Re-hash the pins of a stack's lock as they are (no resolve); the pin count."""
+    stack = load_stack(name)
+    if stack.lock is None or not stack.lock.is_file():
+        raise StackError(f"stack {name} has no lock yet: run {stack.install_command()} --relock")
+    python = find_python(stack.python)  # its pip reads the same config as the venv's
+    try:
+        pins = read_pins(stack.lock)
+        exclude = next((s.exclude for s in stack.steps if s.kind == "freeze"), ())
+        return write_hashed_lock(stack.lock, lock_header_for(stack, exclude), pins, python)
+    except LockError as e:
+        raise StackError(f"{_rel(stack.lock)}: {e}") from e
+
+
+def install_stack(name: str, relock: bool = False, venv: Path | None = None) -> bool:
+    """Install stack ``name`` into its venv (or into ``venv``); True when something was
+    installed.
 
     Idempotent: with the stamp matching, nothing costly runs. Raises StackError
     naming the failed step.
     """
     stack = load_stack(name)
-    if stack.installer == "setup.sh":
-        cmd = ["bash", str(ROOT / "setup.sh"), *(["--relock"] if relock else [])]
-        print(f"==> [{stack.name}] installed by setup.sh: {' '.join(cmd)}", flush=True)
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
-        if rc != 0:
-            raise StackError(f"stack {stack.name}: setup.sh failed (exit {rc})")
-        return True
+    if venv is not None:
+        stack = dataclasses.replace(stack, venv=venv.resolve())
     with _install_lock(stack):
         return _Installer(stack, relock).install()
 
@@ -568,6 +601,11 @@ def main(argv: list[str] | None = None) -> int:
     p_inst.add_argument(
         "--relock", action="store_true", help="resolve the pins afresh and rewrite the stack's lock"
     )
+    p_inst.add_argument(
+        "--venv", type=Path, help="install into this venv instead of the stack's (e.g. to try it)"
+    )
+    p_hash = sub.add_parser("rehash", help="re-hash the pins of a stack's lock (no resolve)")
+    p_hash.add_argument("name")
     p_py = sub.add_parser("python", help="print the python of an installed stack")
     p_py.add_argument("name")
     args = ap.parse_args(argv)
@@ -585,7 +623,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(py)
             return 0
-        install_stack(args.name, relock=args.relock)
+        if args.cmd == "rehash":
+            n = rehash_lock(args.name)
+            print(f"{args.name}: {n} pins hashed")
+            return 0
+        install_stack(args.name, relock=args.relock, venv=args.venv)
         return 0
     except StackError as e:
         print(f"harness.stacks: {e}", file=sys.stderr)
