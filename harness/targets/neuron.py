@@ -40,6 +40,7 @@ class NeuronTarget(VllmTarget):
     order = 30
     device = NEURON_DEVICE
     variants = (TargetVariant("neuron", "neuron", None, None, ("neuron",)),)
+    markers = {"neuron": "needs an AWS Neuron device (vllm-neuron)"}
     # One block per sequence; the platform adds the null block.
     geometries = {"default": PoolGeometry(None)}
 

