@@ -79,7 +79,7 @@ def session(cache: Path, reports: Path, **kw: Any) -> Any:
 
 def probe_overhead(cache: Path, reports: Path, repeats: int) -> list[dict[str, Any]]:
     """One step-driven scenario, same engine, with and without the KV probes."""
-    from harness.kv import STEP_CHECKS
+    from harness.checks.ledger import STEP_CHECKS
     from harness.scenario import EngineLimits, shaped_scenario
     from harness.variants import VARIANTS
 

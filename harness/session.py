@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.capacity import CapacityError, check_capacity, preflight_config
-from harness.compare import NearTiePolicy, TraceComparison, compare_traces
-from harness.engine_config import ConfigError, EngineConfig
-from harness.engine_host import (
+from harness.checks.capacity import CapacityError, check_capacity, preflight_config
+from harness.checks.tokens import NearTiePolicy, TraceComparison, compare_traces
+from harness.engine.config import ConfigError, EngineConfig
+from harness.engine.host import (
     EngineCrashed,
     EngineError,
     EngineHost,
@@ -348,7 +348,7 @@ class HilSession:
 
     def ledger_report(self, trace: Trace) -> str | None:
         """None when every KV ledger invariant held at every step, else what broke."""
-        from harness.kv import ledger_report
+        from harness.checks.ledger import ledger_report
 
         with self.timed("checks"):
             report = ledger_report(trace.info.get("initial"), trace.engine_steps,

@@ -88,7 +88,7 @@ class Trace:
     """The outcome of running one scenario on one target.
 
     ``engine_steps`` holds per-step scheduler and KV snapshots (plain dicts, see
-    ``harness.kv``) when the scenario was step-driven; ``metrics`` holds engine
+    ``harness.checks.ledger``) when the scenario was step-driven; ``metrics`` holds engine
     counters such as ``vllm:num_preemptions``.
     """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.engine_config import EngineConfig, WarmupShape
+from harness.engine.config import EngineConfig, WarmupShape
 from harness.scenario import EngineLimits
 
 

@@ -1,13 +1,13 @@
 """Padding, dummy and warmup KV blocks are freed at the right step, and never leaked.
 
 Each scenario is driven one engine step at a time; every KV ledger invariant
-(harness.kv) must hold at every step, every block must be free after warmup
+(harness.checks.ledger) must hold at every step, every block must be free after warmup
 and again at idle, and the tokens must still equal the reference.
 """
 
 import pytest
 
-from harness.kv import KvSnapshot, check_idle
+from harness.checks.ledger import KvSnapshot, check_idle
 from harness.scenario import EngineLimits, shaped_scenario
 
 pytestmark = [

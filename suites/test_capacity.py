@@ -7,9 +7,9 @@ does not check an override, so the harness preflight refuses it before the run.
 
 import pytest
 
-from harness.capacity import CapacityError, blocks_needed, full_batch_shortfall
-from harness.engine_host import EngineStartError
-from harness.preemption import check_no_preemption
+from harness.checks.capacity import CapacityError, blocks_needed, full_batch_shortfall
+from harness.engine.host import EngineStartError
+from harness.checks.preemption import check_no_preemption
 from harness.scenario import EngineLimits, shaped_scenario
 
 pytestmark = [pytest.mark.capacity, pytest.mark.nightly, pytest.mark.timeout(900)]

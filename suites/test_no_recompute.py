@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from harness.capacity import blocks_needed
-from harness.preemption import check_full_batch, check_no_preemption, count_preemptions
+from harness.checks.capacity import blocks_needed
+from harness.checks.preemption import check_full_batch, check_no_preemption, count_preemptions
 from harness.scenario import EngineLimits, shaped_scenario
 
 pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout(1800)]

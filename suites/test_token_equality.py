@@ -3,7 +3,7 @@
 Each case of fixtures/prompts/token_equality.json goes to the device as one
 engine call (a batch), and every request is compared position by position with
 the transformers reference; a differing token passes only as a documented
-near-tie (see harness.compare), which is reported, never hidden.
+near-tie (see harness.checks.tokens), which is reported, never hidden.
 """
 
 import pytest

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from harness.engine_config import ConfigError, EngineConfig, WarmupShape
-from harness.engine_host import EngineHost, EngineStartError
+from harness.engine.config import ConfigError, EngineConfig, WarmupShape
+from harness.engine.host import EngineHost, EngineStartError
 from harness.scenario import EngineLimits, PromptSet, Scenario
 from harness.targets import target_for
 from harness.variants import VARIANTS, select_variants

@@ -3,16 +3,16 @@ dummy-block return; each shown to hold and to fail on a constructed trace."""
 
 import pytest
 
-from harness.capacity import (
+from harness.checks.capacity import (
     CapacityError,
     blocks_needed,
     full_batch_shortfall,
     preflight,
     preflight_config,
 )
-from harness.engine_config import EngineConfig
-from harness.kv import KvSnapshot, check_dummy_returned
-from harness.preemption import (
+from harness.engine.config import EngineConfig
+from harness.checks.ledger import KvSnapshot, check_dummy_returned
+from harness.checks.preemption import (
     check_full_batch,
     check_no_preemption,
     count_preemptions,

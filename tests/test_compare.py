@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.compare import (
+from harness.checks.tokens import (
     NearTiePolicy,
     TokenDiff,
     Verdict,

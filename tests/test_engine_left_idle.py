@@ -2,7 +2,7 @@
 last request finishes, one step before the runner frees its blocks, so the engine is drained
 before the next test and the step-driven run starts from an idle ledger (order-independent)."""
 
-from harness.kv import KvSnapshot, check_idle
+from harness.checks.ledger import KvSnapshot, check_idle
 from harness.scenario import EngineLimits, shaped_scenario
 from harness.session import HilSession, SessionOptions
 from harness.variants import VARIANTS

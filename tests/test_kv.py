@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness.kv import (
+from harness.checks.ledger import (
     LEGACY_DUMMY_ID,
     SOURCE_SPYRE_LEGACY_RUNNER,
     SOURCE_SPYRE_RUNNER,
@@ -630,7 +630,7 @@ def test_snapshot_engine_detects_runner_kind() -> None:
 def test_free_queue_of_vllm_0_9_has_a_real_head_and_ends_in_none():
     from types import SimpleNamespace as NS
 
-    from harness.kv import _walk_free_queue
+    from harness.checks.ledger import _walk_free_queue
 
     c = NS(block_id=5, next_free_block=None)
     b = NS(block_id=3, next_free_block=c)

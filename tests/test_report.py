@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.capacity import CapacityError, blocks_needed, preflight
-from harness.compare import NearTiePolicy, compare_traces
+from harness.checks.capacity import CapacityError, blocks_needed, preflight
+from harness.checks.tokens import NearTiePolicy, compare_traces
 from harness.devices import DeviceScan
-from harness.engine_config import ConfigError, EngineConfig
-from harness.engine_host import EngineCrashed, EngineStartError, EngineTimeout
-from harness.kv import SOURCE_VLLM_SCHEDULER, KvSnapshot, ledger_report
-from harness.preemption import check_full_batch, check_no_preemption
+from harness.engine.config import ConfigError, EngineConfig
+from harness.engine.host import EngineCrashed, EngineStartError, EngineTimeout
+from harness.checks.ledger import SOURCE_VLLM_SCHEDULER, KvSnapshot, ledger_report
+from harness.checks.preemption import check_full_batch, check_no_preemption
 from harness.report import generate
 from harness.report.attachments import ledger_csv, ledger_plot_png, log_excerpt, token_diff_html
 from harness.report.categories import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare import NearTiePolicy
+from harness.checks.tokens import NearTiePolicy
 from harness.inventory import discover_inventory, load_inventory
 from harness.leases import LEASED_KINDS, LeaseManager, LeaseUnavailable
 from harness.session import HilSession, Model, SessionOptions

@@ -13,8 +13,8 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.compare import TokenDiff, TraceComparison, Verdict
-from harness.kv import SOURCE_VLLM_SCHEDULER
+from harness.checks.tokens import TokenDiff, TraceComparison, Verdict
+from harness.checks.ledger import SOURCE_VLLM_SCHEDULER
 from harness.trace import RequestTrace, TokenStep, Trace
 
 # Rows of the token table kept around the first divergence when a request is long.

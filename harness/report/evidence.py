@@ -21,7 +21,7 @@ class ScenarioRun:
     scenario: Any
     trace: Any = None  # harness.trace.Trace, once the engine answered
     reference: Any = None
-    comparison: Any = None  # harness.compare.TraceComparison
+    comparison: Any = None  # harness.checks.tokens.TraceComparison
     ledger_report: Any = _UNSET  # str | None once the ledger was checked
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.engine_config import EngineConfig
+from harness.engine.config import EngineConfig
 from harness.targets.base import VllmTarget
 from harness.targets.neuron import NeuronTarget
 from harness.targets.spyre import SpyreTarget

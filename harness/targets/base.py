@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.engine_config import ConfigError, EngineConfig
+from harness.engine.config import ConfigError, EngineConfig
 
 # Nothing may come from a model hub or phone home during a run.
 OFFLINE_ENV = {

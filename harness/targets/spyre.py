@@ -7,7 +7,7 @@ import math
 import socket
 from typing import Any
 
-from harness.engine_config import SPYRE_BLOCK_SIZE, ConfigError
+from harness.engine.config import SPYRE_BLOCK_SIZE, ConfigError
 from harness.targets.base import VllmTarget
 
 

@@ -1,6 +1,6 @@
 """The engine side of EngineHost: runs inside the engine's own process.
 
-Started as ``python -m harness.engine_process ADDRESS`` with the target's
+Started as ``python -m harness.engine.process ADDRESS`` with the target's
 environment already applied; vLLM is imported only after fault hooks ran, so
 a hook can patch vLLM or a plugin before the engine is built.
 """
@@ -62,7 +62,7 @@ class EngineSide:
 
     def __init__(self, config: dict[str, Any], llm_kwargs: dict[str, Any]) -> None:
         self.config = config
-        from harness import faults
+        from harness.engine import faults
 
         device = os.environ.get("HIL_DEVICE_ID", "cpu (shared)")
         print(f"[hil] engine {config.get('target')} {config.get('mode') or ''} on device {device}",
@@ -106,7 +106,7 @@ class EngineSide:
             "pid": os.getpid(),
         }
         try:
-            from harness.kv import SOURCE_VLLM_SCHEDULER
+            from harness.checks.ledger import SOURCE_VLLM_SCHEDULER
 
             snaps = self.kv_snapshot()
             real = [k for k in snaps if k["source"] != SOURCE_VLLM_SCHEDULER] or snaps
@@ -196,7 +196,7 @@ class EngineSide:
 
     def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
         """The KV ledgers of this engine right now (scheduler, and runner where it has one)."""
-        from harness.kv import snapshot_engine
+        from harness.checks.ledger import snapshot_engine
 
         return [s.to_dict() for s in snapshot_engine(self._engine_core())]
 

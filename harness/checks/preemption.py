@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.kv import format_step_table
+from harness.checks.ledger import format_step_table
 from harness.trace import Trace
 
 PREEMPTION_METRIC = "vllm:num_preemptions"

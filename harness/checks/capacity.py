@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from harness.engine_config import ConfigError, EngineConfig
+from harness.engine.config import ConfigError, EngineConfig
 
 PAD_BLOCKS = 1
 
