@@ -92,7 +92,7 @@ def test_scenario_is_refused_before_the_engine_starts(tmp_path):
     sc = Scenario("s", [RequestSpec("r0", tuple(range(250)), 16)], EngineLimits(256, 4))
     with pytest.raises(ConfigError, match="scenario s, request r0: prompt of 250 tokens"):
         session.generate(cfg(), sc)
-    assert session.pool.started == []
+    assert not session.engine_started(cfg()) and session.stats().engines == []
 
 
 def test_model_the_stack_cannot_load(tmp_path):
