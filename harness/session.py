@@ -205,6 +205,7 @@ class HilSession:
 
     def expect(self, *verdicts: Verdict, trace: Trace | None = None) -> None:
         """Record each verdict for the report; raise ``VerdictFailed`` on the first that failed."""
+        __tracebackhide__ = True
         for v in verdicts:
             self.listeners.on_verdict(v, trace)
         for v in verdicts:
@@ -215,6 +216,7 @@ class HilSession:
                        trace: Trace | None = None) -> None:
         """Negative control: ``verdict`` must have failed, saying ``mentioning``; the control's
         own verdict (``<check>.negative_control``) is what gets recorded."""
+        __tracebackhide__ = True
         tripped = not verdict.ok and mentioning in verdict.details
         check = f"{verdict.check}.negative_control"
         control = (
