@@ -8,7 +8,7 @@ else reads the typed records of ``harness.trace``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from harness.trace import KvSnapshot, RequestTrace, StepRecord, TokenStep, Trace
@@ -48,7 +48,8 @@ def snapshot_from_dict(d: Mapping[str, Any]) -> KvSnapshot:
 
 
 def step_to_dict(s: StepRecord) -> dict[str, Any]:
-    d = asdict(s)
+    # Field by field: asdict would deep-copy the snapshots only to have them replaced.
+    d: dict[str, Any] = {f.name: getattr(s, f.name) for f in fields(s) if f.name != "kv"}
     d["kv"] = [snapshot_to_dict(k) for k in s.kv]
     return d
 

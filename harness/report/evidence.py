@@ -1,6 +1,6 @@
 """Evidence of one test: what the session ran and saw, collected from its listener events.
 
-``CallEvidence`` is registered in ``HilSession.listeners`` for the duration of
+``CallEvidence`` is a ``SessionListener`` added to the session for the duration of
 one test's call phase; the report plugin turns it into steps and attachments.
 """
 
