@@ -79,7 +79,7 @@ def session(cache: Path, reports: Path, **kw: Any) -> Any:
 
 def probe_overhead(cache: Path, reports: Path, repeats: int) -> list[dict[str, Any]]:
     """One step-driven scenario, same engine, with and without the KV probes."""
-    from harness.kv import STEP_CHECKS
+    from harness.checks.ledger import STEP_CHECKS
     from harness.scenario import EngineLimits, shaped_scenario
     from harness.variants import VARIANTS
 
@@ -99,16 +99,16 @@ def probe_overhead(cache: Path, reports: Path, repeats: int) -> list[dict[str, A
                 t0 = time.perf_counter()
                 trace = hil.run_steps(cfg, sc, probe=True)
                 t1 = time.perf_counter()
-                hil.ledger_report(trace)
+                hil.check_ledger(trace)
                 on.append(time.perf_counter() - t0)
                 t2 = time.perf_counter()
                 hil.run_steps(cfg, sc, probe=False)
                 off.append(time.perf_counter() - t2)
-                snaps = sum(len(s["kv"]) for s in [trace.info["initial"], *trace.engine_steps])
-                idle = len(trace.info["initial"]["kv"]) + len(trace.engine_steps[-1]["kv"])
-                evaluations = snaps * len(STEP_CHECKS) + idle + len(trace.engine_steps)
+                snaps = sum(len(s.kv) for s in trace.ledger_steps())
+                idle = sum(len(trace.step(n).kv) for n in trace.idle_steps())
+                evaluations = snaps * len(STEP_CHECKS) + idle + len(trace.steps)
                 run_only = t1 - t0
-            row = {"target": vid, "steps": len(trace.engine_steps),
+            row = {"target": vid, "steps": len(trace.steps),
                    "with_probe_s": round(statistics.median(on), 3),
                    "run_with_probe_s": round(run_only, 3),
                    "without_probe_s": round(statistics.median(off), 3),
@@ -133,8 +133,7 @@ def growth(cache: Path, reports: Path, sizes: list[int]) -> list[dict[str, Any]]
     rows = []
     try:
         warm = shaped_scenario("warm", model.tokenizer, [(8, 4, 0)], limits)
-        hil.generate(cfg, warm)
-        host = hil.pool.get(cfg)
+        engine_pid = hil.generate(cfg, warm).info["pid"]
         for n in sizes:
             shapes = [(8 + (i * 7) % 56, 16, 0) for i in range(n)]
             sc = shaped_scenario(f"growth-{n}", model.tokenizer, shapes, limits)
@@ -145,19 +144,19 @@ def growth(cache: Path, reports: Path, sizes: list[int]) -> list[dict[str, Any]]
             calls0 = hil.timers.get("engine_calls", 0.0)
             dev = hil.generate(cfg, sc)
             t2 = time.perf_counter()
-            verdict = hil.compare(ref, dev, model, sc)
+            verdict = hil.check_tokens(model, sc, dev, ref)
             t3 = time.perf_counter()
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
             hwm = 0
-            for line in Path(f"/proc/{host.proc.pid}/status").read_text().splitlines():
+            for line in Path(f"/proc/{engine_pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
                     hwm = int(line.split()[1]) // 1024
             row = {"prompts": n, "engine_calls": 1, "ok": verdict.ok,
                    "reference_ms_per_prompt": round((t1 - t0) / n * 1000, 2),
                    "device_ms_per_prompt": round((t2 - t1) / n * 1000, 2),
                    "compare_ms_per_prompt": round((t3 - t2) / n * 1000, 3),
-                   "engine_call_s": round(hil.timers["engine_calls"] - calls0, 2),
+                   "engine_call_s": round(hil.timers.get("engine_calls") - calls0, 2),
                    "harness_peak_mib": round(peak / 2**20, 1), "engine_peak_rss_mib": hwm}
             rows.append(row)
             print(f"  growth {n}: {row}", flush=True)

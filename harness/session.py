@@ -1,56 +1,40 @@
-"""HilSession: what a suite talks to (models, references, engines, verdicts).
+"""HilSession: what a suite talks to, a facade over small parts.
 
-One HilSession lives per pytest process (per xdist worker). It keeps one live
-engine per distinct EngineConfig (``EnginePool``), one reference runner per
-model, and counters that the plugin reports at the end of the run.
+Models and prompt sets (``ModelCatalog``), engines (``EnginePool`` and
+``EngineDriver``), the CPU reference (``ReferenceRunner`` with its disk cache),
+and the checks (``harness.checks``, which return ``Verdict``s). One session
+lives per pytest process (per xdist worker); its listeners (the report) hear
+what it ran and which verdicts it reached.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import os
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.capacity import CapacityError, check_capacity, preflight_config
-from harness.compare import NearTiePolicy, TraceComparison, compare_traces
-from harness.engine_config import ConfigError, EngineConfig
-from harness.engine_host import (
-    EngineCrashed,
-    EngineError,
-    EngineHost,
-    EngineRequestError,
-    EngineStartError,
-    EngineTimeout,
-)
+from harness.checks.capacity import KvPool
+from harness.checks.ledger import check_idle_ledgers, check_ledger
+from harness.checks.tokens import NearTiePolicy, compare_traces
+from harness.checks.verdict import Verdict, VerdictFailed
+from harness.engine.config import ConfigError, EngineConfig
+from harness.engine.driver import DriverSettings, EngineDriver
+from harness.engine.geometry import pool_overrides
+from harness.engine.pool import EnginePool, PoolSettings
 from harness.lab.leases import LeaseManager
+from harness.listeners import Listeners, SessionListener
+from harness.models import Model, ModelCatalog
 from harness.reference_cache import ReferenceCache
 from harness.scenario import PromptSet, Scenario
-from harness.targets import target_for
+from harness.stats import SessionStats, Timers
 from harness.targets.cpu_ref import ReferenceRunner
-from harness.trace import RequestTrace, Trace
+from harness.trace import KvSnapshot, Trace
 from harness.variants import TargetVariant
 
-log = logging.getLogger("harness")
-
-
-@dataclass
-class Model:
-    """A resolved model folder with its tokenizer and content hash."""
-
-    label: str
-    path: Path
-    content_hash: str
-    tokenizer: Any
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+__all__ = ["HilSession", "Model", "SessionOptions"]
 
 
 @dataclass
@@ -68,145 +52,61 @@ class SessionOptions:
     stack: str = "default"
 
 
-def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[str, Any]]:
-    """The python, environment and LLM arguments the engine's stack adds (none for default)."""
-    if cfg.stack == "default":
-        return None, {}, {}
-    from harness.stacks import load_stack, stack_python
-
-    stack = load_stack(cfg.stack)
-    python = stack_python(cfg.stack)
-    if python is None:
-        raise EngineStartError(
-            f"stack {cfg.stack} is not installed (or its pins changed): run ./setup.sh --stack {cfg.stack}"
-        )
-    env = {**stack.env, **stack.target_env.get(cfg.variant_id, {})}
-    return str(python), env, dict(stack.engine)
-
-
-class EnginePool:
-    """One live EngineHost per EngineConfig, least recently used evicted first.
-
-    A configuration whose engine failed to start is remembered: later tests
-    with it fail at once with the original error instead of starting again.
-    """
-
-    def __init__(self, opts: SessionOptions) -> None:
-        self.opts = opts
-        self._live: OrderedDict[str, EngineHost] = OrderedDict()
-        self._failed: dict[str, EngineError] = {}
-        self.started: list[dict[str, Any]] = []
-
-    def get(self, cfg: EngineConfig) -> EngineHost:
-        key = cfg.key
-        if key in self._failed:
-            raise self._failed[key]
-        host = self._live.get(key)
-        if host is not None and host.alive:
-            self._live.move_to_end(key)
-            return host
-        if host is not None:
-            self.discard(key)
-        while len(self._live) >= max(1, self.opts.max_live_engines):
-            self.discard(next(iter(self._live)))
-        target = target_for(cfg)
-        python, stack_env, stack_kwargs = stack_runtime(cfg)
-        try:
-            preflight_config(cfg)
-        except CapacityError as e:
-            self._failed[key] = e
-            raise
-        try:
-            env = target.engine_env()
-            env.update(stack_env)
-            env.update(dict(cfg.extra_env))
-            llm_kwargs = {**target.llm_kwargs(), **stack_kwargs}
-            host = EngineHost(
-                cfg,
-                env,
-                llm_kwargs,
-                self.opts.reports_dir / "engine-logs",
-                start_timeout=self.opts.start_timeout,
-                python=python,
-            )
-        except EngineError as e:
-            self._failed[key] = e
-            raise
-        try:
-            check_capacity(cfg, host.info)
-        except CapacityError as e:
-            host.close()
-            self._failed[key] = e
-            raise
-        self.started.append({"config": cfg.label, "key": key, "seconds": round(host.start_seconds, 2)})
-        self._live[key] = host
-        return host
-
-    def release(self, cfg: EngineConfig) -> None:
-        """Stop the engine of ``cfg`` unless engines are reused across tests."""
-        if not self.opts.engine_reuse:
-            self.discard(cfg.key)
-
-    def discard(self, key: str) -> None:
-        host = self._live.pop(key, None)
-        if host is not None:
-            host.close()
-
-    def close(self) -> None:
-        for key in list(self._live):
-            self.discard(key)
-
-
 class HilSession:
     """The harness facade used by suites through the ``hil`` fixture."""
 
-    def __init__(self, opts: SessionOptions) -> None:
+    def __init__(self, opts: SessionOptions, leases: LeaseManager | None = None) -> None:
         self.opts = opts
-        self.pool = EnginePool(opts)
+        self.leases = leases
+        self.timers = Timers()
+        self.listeners = Listeners()
+        self.models = ModelCatalog(opts.cache_dir)
         self.ref_cache = ReferenceCache(opts.cache_dir / "reference", enabled=opts.reference_cache)
-        self._models: dict[str, Model] = {}
         self._refs: dict[str, ReferenceRunner] = {}
         self.near_ties: list[str] = []
-        self.leases: LeaseManager | None = None
-        self.timers: dict[str, float] = {}
         self.current_test = ""
-        # Evidence listeners, called as listener(event, data) with what the session ran
-        # and saw: "scenario" (config, scenario), "engine" (config, log_path, log_offset),
-        # "trace" (config, scenario, trace), "kv_snapshot" (config, snapshots),
-        # "comparison" (scenario, reference, trace, verdict), "ledger" (trace, report).
-        # The report plugin attaches them; they never change a run.
-        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self._pool = EnginePool(PoolSettings(
+            reports_dir=opts.reports_dir, max_live_engines=opts.max_live_engines,
+            start_timeout=opts.start_timeout, engine_reuse=opts.engine_reuse))
+        self.engines = EngineDriver(
+            self._pool,
+            DriverSettings(call_timeout=opts.call_timeout, top_k=opts.near_tie.top_k,
+                           kv_probe=opts.kv_probe),
+            self.timers, self.listeners, self._device_failed)
 
-    def _notify(self, event: str, **data: Any) -> None:
-        for listener in list(self.listeners):
-            try:
-                listener(event, data)
-            except Exception:  # a report problem must never fail or alter a test
-                log.exception("evidence listener failed on %r", event)
+    # -- test lifecycle and listeners --------------------------------------------
+    def begin_test(self, nodeid: str) -> None:
+        """Name the running test (a device that fails is marked broken by it)."""
+        self.current_test = nodeid
+
+    def add_listener(self, listener: SessionListener) -> None:
+        self.listeners.add(listener)
+
+    def remove_listener(self, listener: SessionListener) -> None:
+        self.listeners.remove(listener)
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Add the wall time of the block to ``timers[name]`` (the benchmark's split)."""
+        with self.timers.timed(name):
+            yield
 
     # -- models and prompts -------------------------------------------------
     def model(self, value: str) -> Model:
         """Resolve ``tiny-llama``/``tiny-granite`` (built on demand) or a local folder."""
-        if value not in self._models:
-            from transformers import AutoTokenizer
-
-            from fixtures.models import model_content_hash, resolve_model
-
-            path = resolve_model(value, self.opts.cache_dir)
-            digest = model_content_hash(path, memo_dir=self.opts.cache_dir / "model-hash")
-            tok = AutoTokenizer.from_pretrained(str(path))
-            label = value if os.sep not in value else path.name
-            self._models[value] = Model(label=label, path=path, content_hash=digest, tokenizer=tok)
-        return self._models[value]
+        return self.models.model(value)
 
     def scenario(self, prompt_set: str | PromptSet, case: str, model: Model) -> Scenario:
-        ps = prompt_set if isinstance(prompt_set, PromptSet) else PromptSet.load(prompt_set)
-        return ps.scenario(case, model.tokenizer)
+        return self.models.scenario(prompt_set, case, model)
 
-    # -- running ------------------------------------------------------------
+    # -- engines ------------------------------------------------------------
     def engine_config(
-        self, variant: TargetVariant, model: Model, scenario: Scenario, **overrides: Any
+        self, variant: TargetVariant, model: Model, scenario: Scenario,
+        pool: str | None = None, **overrides: Any,
     ) -> EngineConfig:
+        """The engine of ``variant`` for ``scenario``; ``pool`` names a KV pool preset
+        (``harness.engine.geometry``) that each target turns into its own settings."""
+        overrides = {**pool_overrides(variant.target, pool, scenario.limits), **overrides}
         if self.opts.faults and "faults" not in overrides:
             overrides["faults"] = self.opts.faults
         overrides.setdefault("stack", self.opts.stack)
@@ -232,13 +132,35 @@ class HilSession:
 
     def check_scenario(self, cfg: EngineConfig, scenario: Scenario) -> None:
         """Refuse requests the engine would refuse, before any engine starts."""
-        target = target_for(cfg)
-        for r in scenario.requests:
-            try:
-                target.check_request(len(r.prompt_token_ids), r.max_tokens)
-            except ConfigError as e:
-                raise ConfigError(f"scenario {scenario.name}, request {r.request_id}: {e}") from None
+        self.engines.check_scenario(cfg, scenario)
 
+    def generate(self, cfg: EngineConfig, scenario: Scenario) -> Trace:
+        """Run every request of ``scenario`` in one engine call on the engine of ``cfg``."""
+        return self.engines.generate(cfg, scenario)
+
+    def run_steps(self, cfg: EngineConfig, scenario: Scenario, probe: bool | None = None) -> Trace:
+        """Drive ``scenario`` one engine step at a time, recording scheduler and KV state."""
+        return self.engines.run_steps(cfg, scenario, probe)
+
+    def kv_snapshot(self, cfg: EngineConfig) -> list[KvSnapshot]:
+        """The engine's KV ledgers right now (after start-up: an idle point)."""
+        return self.engines.kv_snapshot(cfg)
+
+    def kv_pool(self, cfg: EngineConfig) -> KvPool:
+        """The KV pool (block count, size, pad blocks) the engine of ``cfg`` decided on."""
+        return self.engines.kv_pool(cfg)
+
+    def engine_started(self, cfg: EngineConfig) -> bool:
+        """Whether this session started an engine of ``cfg``."""
+        return self._pool.was_started(cfg)
+
+    def _device_failed(self, cfg: EngineConfig, error: Exception) -> None:
+        if cfg.device and self.leases is not None:
+            for lease in self.leases.held.values():
+                if lease.device.id == cfg.device:
+                    self.leases.mark_broken(lease.device, self.current_test, str(error))
+
+    # -- the reference --------------------------------------------------------
     def reference(self, model: Model, scenario: Scenario) -> Trace:
         """CPU reference outputs for every request (cached on disk)."""
         for r in scenario.requests:
@@ -253,144 +175,79 @@ class HilSession:
             runner = ReferenceRunner(model.path, model.content_hash, self.ref_cache,
                                      top_k=self.opts.near_tie.top_k)
             self._refs[model.content_hash] = runner
-        with self.timed("reference"):
+        with self.timers.timed("reference"):
             return runner.generate(scenario)
 
-    @contextlib.contextmanager
-    def timed(self, name: str) -> Iterator[None]:
-        """Add the wall time of the block to ``timers[name]`` (the benchmark's split)."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timers[name] = self.timers.get(name, 0.0) + time.perf_counter() - t0
-
-    def _call(self, cfg: EngineConfig, op: str, payload: Any) -> tuple[EngineHost, Any]:
-        """One command on the engine of ``cfg``; a dead or hung engine is dropped, and the
-        device it ran on is marked broken so later tests skip with this error."""
-        try:
-            with self.timed("engine_start"):
-                host = self.pool.get(cfg)
-        except EngineStartError as e:
-            self._device_failed(cfg, e)
-            raise
-        if self.listeners:
-            offset = host.log_path.stat().st_size if host.log_path.exists() else 0
-            self._notify("engine", config=cfg, log_path=host.log_path, log_offset=offset)
-        try:
-            with self.timed("engine_calls"):
-                result = host.call(op, payload, timeout=self.opts.call_timeout)
-            if isinstance(result, dict) and "compute_seconds" in result:
-                self.timers["engine_compute"] = (
-                    self.timers.get("engine_compute", 0.0) + result["compute_seconds"])
-            return host, result
-        except (EngineCrashed, EngineTimeout) as e:
-            self.pool.discard(cfg.key)
-            self._device_failed(cfg, e)
-            raise
-        except EngineRequestError:
-            raise
-        except BaseException:
-            # Interrupted mid-call (e.g. pytest-timeout): the engine's state is unknown.
-            self.pool.discard(cfg.key)
-            raise
-        finally:
-            self.pool.release(cfg)
-
-    def _device_failed(self, cfg: EngineConfig, error: Exception) -> None:
-        if cfg.device and self.leases is not None:
-            for lease in self.leases.held.values():
-                if lease.device.id == cfg.device:
-                    self.leases.mark_broken(lease.device, self.current_test, str(error))
-
-    def generate(self, cfg: EngineConfig, scenario: Scenario) -> Trace:
-        """Run every request of ``scenario`` in one engine call on the engine of ``cfg``."""
-        self._notify("scenario", config=cfg, scenario=scenario)
-        self.check_scenario(cfg, scenario)
-        t0 = time.monotonic()
-        host, result = self._call(
-            cfg, "generate", {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k}
-        )
-        trace = self._trace(cfg, host, result, generate_seconds=round(time.monotonic() - t0, 3))
-        self._notify("trace", config=cfg, scenario=scenario, trace=trace)
-        return trace
-
-    def run_steps(self, cfg: EngineConfig, scenario: Scenario, probe: bool | None = None) -> Trace:
-        """Drive ``scenario`` one engine step at a time, recording scheduler and KV state
-        (the KV snapshots only when ``probe``, by default the session's ``kv_probe``)."""
-        probe = self.opts.kv_probe if probe is None else probe
-        self._notify("scenario", config=cfg, scenario=scenario)
-        self.check_scenario(cfg, scenario)
-        t0 = time.monotonic()
-        host, result = self._call(
-            cfg, "run_steps",
-            {"requests": scenario.payload(), "logprobs": self.opts.near_tie.top_k, "probe": probe},
-        )
-        trace = self._trace(cfg, host, result, initial=result["initial"], idle=result["idle"],
-                            run_seconds=round(time.monotonic() - t0, 3))
-        trace.engine_steps = result["steps"]
-        self._notify("trace", config=cfg, scenario=scenario, trace=trace)
-        return trace
-
-    @staticmethod
-    def _trace(cfg: EngineConfig, host: EngineHost, result: dict[str, Any], **info: Any) -> Trace:
-        """A Trace from an engine call's result, with the engine's info and ``info``."""
-        trace = Trace(target=cfg.label, metrics=result["metrics"], info={**host.info, **info})
-        for r in result["requests"]:
-            trace.requests[r["request_id"]] = RequestTrace.from_dict(r)
-        return trace
-
-    def kv_snapshot(self, cfg: EngineConfig) -> list[dict[str, Any]]:
-        """The engine's KV ledgers right now (after start-up: an idle point)."""
-        snapshots = self._call(cfg, "kv_snapshot", None)[1]
-        self._notify("kv_snapshot", config=cfg, snapshots=snapshots)
-        return snapshots
-
-    def ledger_report(self, trace: Trace) -> str | None:
-        """None when every KV ledger invariant held at every step, else what broke."""
-        from harness.kv import ledger_report
-
-        with self.timed("checks"):
-            report = ledger_report(trace.info.get("initial"), trace.engine_steps,
-                                   bool(trace.info.get("idle")))
-        self._notify("ledger", trace=trace, report=report)
-        return report
-
-    def compare(self, ref: Trace, dev: Trace, model: Model, scenario: Scenario) -> TraceComparison:
-        """Token equality of ``dev`` against ``ref``; near-ties are kept for the run summary."""
-        with self.timed("checks"):
-            verdict = compare_traces(
-                ref, dev, policy=self.opts.near_tie, decode=model.decode,
-                prompts=scenario.prompts_by_id()
-            )
-        for d in verdict.near_ties:
+    # -- checks -------------------------------------------------------------
+    def check_tokens(
+        self, model: Model, scenario: Scenario, trace: Trace, reference: Trace | None = None
+    ) -> Verdict:
+        """Token equality of ``trace`` against the CPU reference (computed when not given);
+        accepted near-ties are kept for the run summary."""
+        reference = self.reference(model, scenario) if reference is None else reference
+        with self.timers.timed("checks"):
+            comparison = compare_traces(reference, trace, policy=self.opts.near_tie)
+            verdict = comparison.verdict(model.decode, scenario.prompts_by_id())
+        for d in comparison.near_ties:
             self.near_ties.append(
-                f"{dev.target} {scenario.name} request {d.request_id} position {d.position}"
+                f"{trace.target} {scenario.name} request {d.request_id} position {d.position}"
             )
-        self._notify("comparison", scenario=scenario, reference=ref, trace=dev, verdict=verdict)
+        self.listeners.on_comparison(scenario, reference, trace, comparison, model.decode)
         return verdict
 
+    def check_ledger(self, trace: Trace) -> Verdict:
+        """Every KV ledger invariant at every step of a step-driven ``trace``."""
+        with self.timers.timed("checks"):
+            return check_ledger(trace)
+
+    def check_idle_ledgers(self, cfg: EngineConfig, when: str = "after warmup") -> Verdict:
+        """Every block of the engine of ``cfg`` is free now (an idle point)."""
+        return check_idle_ledgers(self.kv_snapshot(cfg), when)
+
+    def expect(self, *verdicts: Verdict, trace: Trace | None = None) -> None:
+        """Record each verdict for the report; raise ``VerdictFailed`` on the first that failed."""
+        __tracebackhide__ = True
+        for v in verdicts:
+            self.listeners.on_verdict(v, trace)
+        for v in verdicts:
+            if not v.ok:
+                raise VerdictFailed(v)
+
+    def expect_failure(self, verdict: Verdict, mentioning: str = "",
+                       trace: Trace | None = None) -> None:
+        """Negative control: ``verdict`` must have failed, saying ``mentioning``; the control's
+        own verdict (``<check>.negative_control``) is what gets recorded."""
+        __tracebackhide__ = True
+        tripped = not verdict.ok and mentioning in verdict.details
+        check = f"{verdict.check}.negative_control"
+        control = (
+            Verdict.passed(check, f"the check tripped: {verdict.why}") if tripped
+            else Verdict.failed(check, f"negative control: check {verdict.check} did not fail"
+                                f" saying {mentioning!r} (detector blind?): {verdict.why}")
+        )
+        self.expect(control, trace=trace)
+
     # -- bookkeeping --------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        return {
-            "engines_started": len(self.pool.started),
-            "engines": self.pool.started,
-            "reference_hits": self.ref_cache.hits,
-            "reference_misses": self.ref_cache.misses,
-            "near_ties": self.near_ties,
-            "timers": {k: round(v, 3) for k, v in self.timers.items()},
-            "leases": [lease.describe() for lease in self.leases.held.values()] if self.leases else [],
-        }
+    def stats(self) -> SessionStats:
+        return SessionStats(
+            engines=[{"config": s.config, "key": s.key, "seconds": s.seconds}
+                     for s in self._pool.started],
+            reference_hits=self.ref_cache.hits,
+            reference_misses=self.ref_cache.misses,
+            near_ties=list(self.near_ties),
+            timers=self.timers.rounded(),
+            leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],
+        )
 
     def write_stats(self, worker: str) -> Path:
         out = self.opts.reports_dir / "stats"
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{worker}.json"
-        path.write_text(json.dumps(self.stats(), indent=1))
+        path.write_text(json.dumps(self.stats().to_dict(), indent=1))
         return path
 
     def close(self) -> None:
         """Stop every engine, then give the leased devices back."""
-        self.pool.close()
+        self._pool.close()
         if self.leases is not None:
             self.leases.release_all()

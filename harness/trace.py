@@ -1,15 +1,30 @@
-"""The Trace: what one target did with one scenario, as plain data.
+"""The Trace and its records: what one target did with one scenario, as typed data.
 
-Every target returns this type, so every check works on every target. Traces
-are JSON-serialisable (``to_dict``/``from_dict``) because engines run in their
-own processes and references are cached on disk as JSON.
+Every target returns a ``Trace``, so every check works on every target. A
+step-driven run adds one ``StepRecord`` per engine step (scheduler state and the
+KV block ledgers as ``KvSnapshot``), the ``initial`` record taken after start-up
+(an idle point), and whether the last step is idle too. These are plain
+dataclasses; they become dicts only where they cross a process or a file, in
+``harness.serialise``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+SOURCE_VLLM_SCHEDULER = "vllm-scheduler"
+SOURCE_SPYRE_RUNNER = "spyre-runner"
+SOURCE_SPYRE_LEGACY_RUNNER = "spyre-legacy-runner"
+
+# Id prefixes of warmup requests ("warmup-0" in CB, "warmup_0" in static batching) and dummies.
+DUMMY_ID_PREFIXES = ("warmup-", "warmup_", "dummy")
+
+
+def is_dummy_id(req_id: str) -> bool:
+    """True for ids of warmup or batch-padding requests."""
+    return req_id.startswith(DUMMY_ID_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -52,67 +67,145 @@ class RequestTrace:
         return [s.token_id for s in self.steps]
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        # JSON object keys must be strings.
-        d["steps"] = [
-            {
-                "token_id": s.token_id,
-                "logprob": s.logprob,
-                "top_logprobs": {str(k): v for k, v in s.top_logprobs.items()},
-            }
-            for s in self.steps
-        ]
-        return d
+        """JSON-ready form (see ``harness.serialise``)."""
+        from harness.serialise import request_to_dict
+
+        return request_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestTrace:
-        steps = [
-            TokenStep(
-                token_id=int(s["token_id"]),
-                logprob=float(s["logprob"]),
-                top_logprobs={int(k): float(v) for k, v in s["top_logprobs"].items()},
-            )
-            for s in d["steps"]
-        ]
-        return cls(
-            request_id=d["request_id"],
-            prompt_token_ids=list(d["prompt_token_ids"]),
-            steps=steps,
-            num_preemptions=int(d.get("num_preemptions", 0)),
-            finish_reason=d.get("finish_reason"),
+        from harness.serialise import request_from_dict
+
+        return request_from_dict(d)
+
+
+@dataclass
+class KvSnapshot:
+    """One KV block ledger at one moment.
+
+    ``num_blocks`` counts every block of the pool, pad blocks included; block ids
+    are ``range(num_blocks)``. ``free_blocks`` is the free list in its own order,
+    duplicates kept. ``owned`` maps each request id (dummies included) that holds
+    at least one block to its blocks in order. ``reserved`` and ``reported_free``
+    are None where the stack has no such notion. ``counted_free`` is the count the
+    pool keeps beside its free list (vLLM's ``num_free_blocks``). ``ref_counts``
+    holds the pool's reference count of every non-pad block that is owned or has a
+    nonzero count (absent means 0); ``prefix_caching`` says whether blocks may be shared.
+    """
+
+    source: str
+    num_blocks: int
+    pad_blocks: list[int] = field(default_factory=list)
+    free_blocks: list[int] = field(default_factory=list)
+    owned: dict[str, list[int]] = field(default_factory=dict)
+    dummy_ids: list[str] = field(default_factory=list)
+    reserved: dict[str, int] | None = None
+    reported_free: int | None = None
+    tkv: int | None = None
+    block_size: int | None = None
+    counted_free: int | None = None
+    ref_counts: dict[int, int] | None = None
+    prefix_caching: bool = False
+
+    def free_count(self) -> int:
+        """Distinct usable (non-pad) blocks in the free list."""
+        return len(set(self.free_blocks) - set(self.pad_blocks))
+
+    def owned_count(self) -> int:
+        """Distinct non-pad blocks some request holds."""
+        return len({b for ids in self.owned.values() for b in ids} - set(self.pad_blocks))
+
+    def dummy_blocks(self) -> list[int]:
+        """Blocks held by warmup or batch-padding requests, sorted."""
+        return sorted(b for d in self.dummy_ids for b in self.owned.get(d, []))
+
+    def summary(self) -> str:
+        """One line: source, free count, owners with block counts, pad blocks."""
+        owners = " ".join(f"{r}:{len(b)}" for r, b in self.owned.items()) or "-"
+        rep = "" if self.reported_free is None else f" reported={self.reported_free}"
+        tkv = "" if self.tkv is None else f" tkv={self.tkv}"
+        return (
+            f"{self.source}: {self.num_blocks} blocks, free={len(self.free_blocks)}{rep}"
+            f" pad={self.pad_blocks} owned[{owners}]{tkv}"
         )
+
+
+@dataclass
+class StepRecord:
+    """One engine step as the scheduler and the KV ledgers saw it after the step.
+
+    ``step`` is -1 for the record taken after start-up. Ids are scenario request
+    ids. ``preempted`` and ``delivered_finished`` come from the step's scheduler
+    output; ``finished`` are the requests whose final output the step returned;
+    ``preemptions`` is each live request's preemption count so far.
+    """
+
+    step: int
+    running: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    delivered_finished: list[str] = field(default_factory=list)
+    preemptions: dict[str, int] = field(default_factory=dict)
+    scheduled: bool = False
+    num_scheduled_tokens: int = 0
+    tkv: int | None = None
+    kv: list[KvSnapshot] = field(default_factory=list)
+
+    def ledger(self) -> KvSnapshot | None:
+        """The snapshot that holds the real blocks: the runner's where there is one
+        (with vllm-spyre the scheduler's pool is a stand-in), else the scheduler's."""
+        runners = [k for k in self.kv if k.source != SOURCE_VLLM_SCHEDULER]
+        if runners:
+            return runners[-1]
+        return self.kv[0] if self.kv else None
 
 
 @dataclass
 class Trace:
     """The outcome of running one scenario on one target.
 
-    ``engine_steps`` holds per-step scheduler and KV snapshots (plain dicts, see
-    ``harness.kv``) when the scenario was step-driven; ``metrics`` holds engine
-    counters such as ``vllm:num_preemptions``.
+    ``steps`` holds one record per engine step when the scenario was step-driven;
+    ``initial`` the record after start-up (step -1), and ``idle_at_end`` says the
+    last step left the engine idle (the runner heard of every finished request).
+    ``metrics`` holds engine counters such as ``vllm:num_preemptions``; ``info``
+    what the engine reported about itself and the run's timings.
     """
 
     target: str
     requests: dict[str, RequestTrace] = field(default_factory=dict)
-    engine_steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    initial: StepRecord | None = None
+    idle_at_end: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
+    def ledger_steps(self) -> list[StepRecord]:
+        """The initial record, when taken, then every engine step."""
+        return ([self.initial] if self.initial is not None else []) + list(self.steps)
+
+    def idle_steps(self) -> set[int]:
+        """Step numbers at which every block must be free."""
+        idle = {self.initial.step} if self.initial is not None else set()
+        if self.idle_at_end and self.steps:
+            idle.add(self.steps[-1].step)
+        return idle
+
+    def step(self, number: int) -> StepRecord:
+        """The record of step ``number``; KeyError naming the range when absent."""
+        for s in self.ledger_steps():
+            if s.step == number:
+                return s
+        raise KeyError(f"no step {number} in a trace of {len(self.steps)} steps")
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "requests": {k: v.to_dict() for k, v in self.requests.items()},
-            "engine_steps": self.engine_steps,
-            "metrics": self.metrics,
-            "info": self.info,
-        }
+        """JSON-ready form (see ``harness.serialise``)."""
+        from harness.serialise import trace_to_dict
+
+        return trace_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trace:
-        return cls(
-            target=d["target"],
-            requests={k: RequestTrace.from_dict(v) for k, v in d["requests"].items()},
-            engine_steps=list(d.get("engine_steps", [])),
-            metrics=dict(d.get("metrics", {})),
-            info=dict(d.get("info", {})),
-        )
+        from harness.serialise import trace_from_dict
+
+        return trace_from_dict(d)

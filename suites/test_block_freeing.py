@@ -1,13 +1,14 @@
 """Padding, dummy and warmup KV blocks are freed at the right step, and never leaked.
 
 Each scenario is driven one engine step at a time; every KV ledger invariant
-(harness.kv) must hold at every step, every block must be free after warmup
-and again at idle, and the tokens must still equal the reference.
+(harness.checks.ledger) must hold at every step, every block must be free after
+warmup and again at idle, and the tokens must still equal the reference.
 """
 
 import pytest
 
-from harness.kv import KvSnapshot, check_idle
+from harness.checks.ledger import check_dummy_padding
+from harness.engine.geometry import FULL_BATCH
 from harness.scenario import EngineLimits, shaped_scenario
 
 pytestmark = [
@@ -18,7 +19,6 @@ pytestmark = [
 ]
 
 LIMITS = EngineLimits(max_model_len=256, max_num_seqs=4, cp_chunk=128)
-CPU_BLOCK = 16
 
 # (prompt tokens, max_tokens, arrival step) per request
 SCENARIOS = {
@@ -29,33 +29,22 @@ SCENARIOS = {
 }
 
 
-def engine_for(hil, target_variant, model, scenario):
-    if target_variant.target == "spyre":
-        return hil.engine_config(target_variant, model, scenario)
-    # A pool sized for a full batch keeps the per-step probe small.
-    return hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK,
-                             num_blocks_override=4 * (256 // CPU_BLOCK) + 1)
-
-
 def test_every_block_is_free_after_warmup(hil, model, target_variant):
     scenario = shaped_scenario("warmup", model.tokenizer, [(8, 1, 0)], LIMITS)
-    snaps = hil.kv_snapshot(engine_for(hil, target_variant, model, scenario))
+    engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
-    problems = [v for k in snaps for v in check_idle(KvSnapshot.from_dict(k), step=-1)]
-    assert not problems, "after warmup: " + "; ".join(f"[{v.invariant}] {v.message}" for v in problems)
+    hil.expect(hil.check_idle_ledgers(engine, "after warmup"))
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_blocks_return_to_the_pool(hil, model, target_variant, name):
     scenario = shaped_scenario(name, model.tokenizer, SCENARIOS[name], LIMITS)
+    engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
-    trace = hil.run_steps(engine_for(hil, target_variant, model, scenario), scenario)
+    trace = hil.run_steps(engine, scenario)
 
-    assert trace.info["idle"], "the engine still had requests after the run"
-    report = hil.ledger_report(trace)
-    assert report is None, report
-    verdict = hil.compare(hil.reference(model, scenario), trace, model, scenario)
-    assert verdict.ok, verdict.report()
+    assert trace.idle_at_end, "the engine still had requests after the run"
+    hil.expect(hil.check_ledger(trace), hil.check_tokens(model, scenario, trace), trace=trace)
 
 
 def test_dummy_padding_blocks_are_taken_and_returned(hil, model, target_variant):
@@ -64,28 +53,11 @@ def test_dummy_padding_blocks_are_taken_and_returned(hil, model, target_variant)
     and once the batch empties."""
     shapes = SCENARIOS["second-request-joins-while-first-decodes"]
     scenario = shaped_scenario("dummy-padding", model.tokenizer, shapes, LIMITS)
+    engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
-    trace = hil.run_steps(engine_for(hil, target_variant, model, scenario), scenario)
+    trace = hil.run_steps(engine, scenario)
 
-    held = dummy_blocks_per_step(trace)
-    if not any(held.values()):
+    dummy = check_dummy_padding(trace)
+    if dummy.ok and dummy.why == "no dummy":
         pytest.skip(f"{target_variant.id} on this stack pads no decode batch with a dummy request")
-    report = hil.ledger_report(trace)
-    assert report is None, report
-    joined = next(s["step"] for s in trace.engine_steps if len(s["running"]) == 2)
-    alone_before = [st for st, blocks in held.items() if blocks and st < joined]
-    assert alone_before, f"no dummy blocks while r0 decoded alone before step {joined}: {held}"
-    assert not held[joined], f"dummy still holds {held[joined]} at step {joined}, where r1 joined"
-    assert not held[trace.engine_steps[-1]["step"]], "dummy blocks held at idle"
-
-
-def dummy_blocks_per_step(trace):
-    """step -> blocks held by dummy requests in the runner's ledger."""
-    out = {}
-    for s in trace.engine_steps:
-        blocks = []
-        for kv in s["kv"]:
-            for d in kv.get("dummy_ids", []):
-                blocks += kv["owned"].get(d, [])
-        out[s["step"]] = sorted(blocks)
-    return out
+    hil.expect(hil.check_ledger(trace), dummy, trace=trace)

@@ -7,16 +7,16 @@ does not check an override, so the harness preflight refuses it before the run.
 
 import pytest
 
-from harness.capacity import CapacityError, blocks_needed, full_batch_shortfall
-from harness.engine_host import EngineStartError
-from harness.preemption import check_no_preemption
+from harness.checks.capacity import CapacityError, blocks_needed, check_pool_serves_full_batch
+from harness.checks.preemption import check_no_preemption
+from harness.engine.config import SPYRE_BLOCK_SIZE
+from harness.engine.geometry import CPU_BLOCK_SIZE
+from harness.engine.host import EngineStartError
 from harness.scenario import EngineLimits, shaped_scenario
 
 pytestmark = [pytest.mark.capacity, pytest.mark.nightly, pytest.mark.timeout(900)]
 
 MAX_MODEL_LEN = 256
-CPU_BLOCK = 16
-SPYRE_BLOCK = 64
 
 
 def full_length_scenario(model, max_num_seqs=2):
@@ -27,8 +27,8 @@ def full_length_scenario(model, max_num_seqs=2):
 @pytest.mark.hil_targets("vllm-cpu")
 def test_override_below_one_request_is_refused_before_start(hil, model, target_variant):
     scenario = full_length_scenario(model)
-    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK)
-    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK,
+    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK_SIZE)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK_SIZE,
                                num_blocks_override=need.one_request - 1)
 
     with pytest.raises(CapacityError) as refused:
@@ -37,28 +37,26 @@ def test_override_below_one_request_is_refused_before_start(hil, model, target_v
     text = str(refused.value)
     assert f"{need.one_request - 1} blocks (num_gpu_blocks_override) cannot serve one" in text
     assert f"ceil(256/16) = 16 blocks of 16 tokens, plus 1 pad/null block = {need.one_request}" in text
-    assert engine.key not in {e["key"] for e in hil.pool.started}, "an engine was started anyway"
+    assert not hil.engine_started(engine), "an engine was started anyway"
 
 
 @pytest.mark.hil_targets("vllm-cpu")
 def test_exactly_one_request_plus_pad_block_serves_a_full_length_request(hil, model, target_variant):
     scenario = full_length_scenario(model)
-    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK)
-    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK,
+    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK_SIZE)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK_SIZE,
                                num_blocks_override=need.one_request)
 
     trace = hil.run_steps(engine, scenario)
 
-    assert check_no_preemption(trace) is None, check_no_preemption(trace)
-    assert hil.ledger_report(trace) is None, hil.ledger_report(trace)
-    verdict = hil.compare(hil.reference(model, scenario), trace, model, scenario)
-    assert verdict.ok, verdict.report()
+    hil.expect(check_no_preemption(trace), hil.check_ledger(trace),
+               hil.check_tokens(model, scenario, trace), trace=trace)
 
 
 @pytest.mark.hil_targets("cb", "cp")
 def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
     scenario = full_length_scenario(model, max_num_seqs=2)
-    too_few = MAX_MODEL_LEN // SPYRE_BLOCK  # one full-length request, no pad block
+    too_few = MAX_MODEL_LEN // SPYRE_BLOCK_SIZE  # one full-length request, no pad block
     engine = hil.engine_config(target_variant, model, scenario, num_blocks_override=too_few)
 
     with pytest.raises(EngineStartError) as refused:
@@ -71,10 +69,9 @@ def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
 def test_device_decided_block_count_serves_a_full_batch(hil, model, target_variant):
     scenario = full_length_scenario(model, max_num_seqs=2)
     engine = hil.engine_config(target_variant, model, scenario)
-    hil.kv_snapshot(engine)
-    info = hil.pool.get(engine).info
+
+    pool = hil.kv_pool(engine)
 
     # The pad block count comes from the ledger: vllm-spyre 0.4 has none.
-    need = blocks_needed(MAX_MODEL_LEN, 2, info["kv_block_size"], pad_blocks=info["kv_pad_blocks"])
-    assert info["kv_num_blocks"] >= need.one_request
-    assert full_batch_shortfall(need, info["kv_num_blocks"]) is None
+    need = blocks_needed(MAX_MODEL_LEN, 2, pool.block_size, pad_blocks=pool.pad_blocks)
+    hil.expect(check_pool_serves_full_batch(need, pool.num_blocks))

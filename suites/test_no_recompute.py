@@ -11,15 +11,15 @@ import math
 
 import pytest
 
-from harness.capacity import blocks_needed
-from harness.preemption import check_full_batch, check_no_preemption, count_preemptions
+from harness.checks.capacity import blocks_needed
+from harness.checks.preemption import check_full_batch, check_no_preemption, check_preemption_seen
+from harness.engine.config import SPYRE_BLOCK_SIZE
+from harness.engine.geometry import CPU_BLOCK_SIZE, FULL_BATCH
 from harness.scenario import EngineLimits, shaped_scenario
 
 pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout(1800)]
 
 MAX_MODEL_LEN = 256
-SPYRE_BLOCK = 64
-CPU_BLOCK = 16
 
 
 # Spyre batches share one tkv: a request joins only if its prompt, padded to the
@@ -27,20 +27,15 @@ CPU_BLOCK = 16
 # max_model_len exactly can join only at step 0, and with chunked prefill the
 # tkv has moved on by then (the precondition check caught it): one block of
 # headroom lets all max_num_seqs requests join while the batch decodes.
-TKV_HEADROOM = SPYRE_BLOCK
+TKV_HEADROOM = SPYRE_BLOCK_SIZE
 
 
 def full_batch_scenario(model, max_num_seqs, prompt_len):
     """max_num_seqs requests of prompt_len tokens, generating up to max_model_len - headroom."""
-    padded = math.ceil(prompt_len / SPYRE_BLOCK) * SPYRE_BLOCK
+    padded = math.ceil(prompt_len / SPYRE_BLOCK_SIZE) * SPYRE_BLOCK_SIZE
     limits = EngineLimits(MAX_MODEL_LEN, max_num_seqs, cp_chunk=128)
     shapes = [(prompt_len, MAX_MODEL_LEN - padded - TKV_HEADROOM, 0)] * max_num_seqs
     return shaped_scenario(f"full-batch-{max_num_seqs}x{prompt_len}", model.tokenizer, shapes, limits)
-
-
-def assert_tokens_equal(hil, model, scenario, trace):
-    verdict = hil.compare(hil.reference(model, scenario), trace, model, scenario)
-    assert verdict.ok, verdict.report()
 
 
 @pytest.mark.hil_targets("vllm-cpu", "cb", "cp")
@@ -48,21 +43,12 @@ def assert_tokens_equal(hil, model, scenario, trace):
 @pytest.mark.parametrize("prompt_len", [63, 64, 65])
 def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_seqs, prompt_len):
     scenario = full_batch_scenario(model, max_num_seqs, prompt_len)
-    if target_variant.target == "spyre":
-        # The device decides: vllm-spyre sizes the pool for a full batch plus the pad block.
-        engine = hil.engine_config(target_variant, model, scenario)
-    else:
-        need = blocks_needed(MAX_MODEL_LEN, max_num_seqs, CPU_BLOCK)
-        engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK,
-                                   num_blocks_override=need.full_batch)
+    engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     trace = hil.run_steps(engine, scenario)
 
-    assert check_full_batch(trace.engine_steps, max_num_seqs) is None, check_full_batch(
-        trace.engine_steps, max_num_seqs)
-    assert check_no_preemption(trace) is None, check_no_preemption(trace)
-    assert hil.ledger_report(trace) is None, hil.ledger_report(trace)
-    assert_tokens_equal(hil, model, scenario, trace)
+    hil.expect(check_full_batch(trace, max_num_seqs), check_no_preemption(trace),
+               hil.check_ledger(trace), hil.check_tokens(model, scenario, trace), trace=trace)
 
 
 @pytest.mark.hil_targets("vllm-cpu")
@@ -75,10 +61,8 @@ def test_neuron_geometry_needs_one_block_more_than_max_num_seqs(hil, model, targ
 
     trace = hil.run_steps(engine, scenario)
 
-    assert check_full_batch(trace.engine_steps, max_num_seqs) is None, check_full_batch(
-        trace.engine_steps, max_num_seqs)
-    assert check_no_preemption(trace) is None, check_no_preemption(trace)
-    assert_tokens_equal(hil, model, scenario, trace)
+    hil.expect(check_full_batch(trace, max_num_seqs), check_no_preemption(trace),
+               hil.check_tokens(model, scenario, trace), trace=trace)
 
 
 @pytest.mark.hil_targets("vllm-cpu")
@@ -92,10 +76,9 @@ def test_negative_control_off_by_one_geometry_is_reported(hil, model, target_var
 
     trace = hil.run_steps(engine, scenario)
 
-    problem = check_full_batch(trace.engine_steps, max_num_seqs)
-    assert problem is not None, "the off-by-one geometry reached a full batch: detector is blind"
-    assert f"largest batch seen was {max_num_seqs - 1} running requests" in problem
-    assert_tokens_equal(hil, model, scenario, trace)
+    hil.expect_failure(check_full_batch(trace, max_num_seqs),
+                       f"largest batch seen was {max_num_seqs - 1} running requests", trace=trace)
+    hil.expect(hil.check_tokens(model, scenario, trace), trace=trace)
 
 
 @pytest.mark.hil_targets("vllm-cpu")
@@ -106,14 +89,11 @@ def test_negative_control_decode_growth_preempts(hil, model, target_variant, max
     prompt_len = 64
     scenario = full_batch_scenario(model, max_num_seqs, prompt_len)
     # Enough for every prompt (and for one request to run to full length alone), no more.
-    need = blocks_needed(MAX_MODEL_LEN, max_num_seqs, CPU_BLOCK)
-    prompts = max_num_seqs * math.ceil((prompt_len + 1) / CPU_BLOCK) + need.pad_blocks
-    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK,
+    need = blocks_needed(MAX_MODEL_LEN, max_num_seqs, CPU_BLOCK_SIZE)
+    prompts = max_num_seqs * math.ceil((prompt_len + 1) / CPU_BLOCK_SIZE) + need.pad_blocks
+    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK_SIZE,
                                num_blocks_override=max(prompts, need.one_request))
 
     trace = hil.run_steps(engine, scenario)
 
-    count = count_preemptions(trace)
-    assert count.all_signals_agree_preempted(), f"a signal missed the preemption: {count.describe()}"
-    assert check_no_preemption(trace) is not None
-    assert_tokens_equal(hil, model, scenario, trace)
+    hil.expect(check_preemption_seen(trace), hil.check_tokens(model, scenario, trace), trace=trace)

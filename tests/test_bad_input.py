@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from harness.engine_config import ConfigError, EngineConfig, WarmupShape
-from harness.engine_host import EngineHost, EngineStartError
+from harness.engine.config import ConfigError, EngineConfig, WarmupShape
+from harness.engine.host import EngineHost, EngineStartError
 from harness.scenario import EngineLimits, PromptSet, Scenario
 from harness.targets import target_for
 from harness.variants import VARIANTS, select_variants
@@ -92,7 +92,7 @@ def test_scenario_is_refused_before_the_engine_starts(tmp_path):
     sc = Scenario("s", [RequestSpec("r0", tuple(range(250)), 16)], EngineLimits(256, 4))
     with pytest.raises(ConfigError, match="scenario s, request r0: prompt of 250 tokens"):
         session.generate(cfg(), sc)
-    assert session.pool.started == []
+    assert not session.engine_started(cfg()) and session.stats().engines == []
 
 
 @pytest.mark.e2e  # starts an engine process

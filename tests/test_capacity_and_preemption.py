@@ -3,22 +3,24 @@ dummy-block return; each shown to hold and to fail on a constructed trace."""
 
 import pytest
 
-from harness.capacity import (
+from harness.checks.capacity import (
     CapacityError,
     blocks_needed,
+    check_pool_serves_full_batch,
     full_batch_shortfall,
     preflight,
     preflight_config,
 )
-from harness.engine_config import EngineConfig
-from harness.kv import KvSnapshot, check_dummy_returned
-from harness.preemption import (
+from harness.checks.ledger import check_dummy_padding, check_dummy_returned
+from harness.checks.preemption import (
     check_full_batch,
     check_no_preemption,
+    check_preemption_seen,
     count_preemptions,
     largest_batch,
 )
-from harness.trace import RequestTrace, Trace
+from harness.engine.config import EngineConfig
+from harness.trace import KvSnapshot, RequestTrace, StepRecord, Trace
 
 
 def test_block_need_arithmetic():
@@ -54,13 +56,22 @@ def test_preflight_config_only_where_the_stack_does_not_check():
     preflight_config(spyre)  # vllm-spyre refuses it itself, at start
 
 
+def test_pool_capacity_verdict_names_the_shortfall():
+    need = blocks_needed(256, 4, 256)
+    assert check_pool_serves_full_batch(need, 5).ok
+    short = check_pool_serves_full_batch(need, 4)
+    assert not short.ok and short.check == "capacity" and "4 x 1 + 1 = 5" in short.why
+    none = check_pool_serves_full_batch(need, 1)
+    assert "cannot serve one full-length request" in none.why
+
+
 def step(n, running=(), waiting=(), preempted=(), kv=()):
-    return {"step": n, "running": list(running), "waiting": list(waiting),
-            "preempted": list(preempted), "kv": list(kv)}
+    return StepRecord(step=n, running=list(running), waiting=list(waiting),
+                      preempted=list(preempted), kv=list(kv))
 
 
 def trace(steps, metric=0.0, per_request=None):
-    t = Trace(target="t", engine_steps=steps, metrics={"vllm:num_preemptions": metric})
+    t = Trace(target="t", steps=steps, metrics={"vllm:num_preemptions": metric})
     for rid, n in (per_request or {"r0": 0, "r1": 0}).items():
         t.requests[rid] = RequestTrace(request_id=rid, prompt_token_ids=[1], num_preemptions=n)
     return t
@@ -69,30 +80,37 @@ def trace(steps, metric=0.0, per_request=None):
 def test_full_batch_precondition():
     steps = [step(0, ["r0"], ["r1", "r2"]), step(1, ["r0", "r1", "r2"], ["r3"]), step(2, ["r3"])]
     assert largest_batch(steps) == (3, 1)
-    msg = check_full_batch(steps, 4)
-    assert "max_num_seqs=4 but the largest batch seen was 3 running requests (first at step 1)" in msg
-    assert check_full_batch(steps, 3) is None
+    verdict = check_full_batch(trace(steps), 4)
+    assert not verdict.ok and verdict.check == "full_batch" and verdict.at == 1
+    assert ("max_num_seqs=4 but the largest batch seen was 3 running requests (first at step 1)"
+            in verdict.why)
+    assert ">>" in verdict.details  # the per-step table marks the largest batch
+    assert check_full_batch(trace(steps), 3).ok
 
 
 def test_each_preemption_signal_alone_fails_the_check():
     clean = trace([step(0, ["r0", "r1"])])
-    assert check_no_preemption(clean) is None
+    assert check_no_preemption(clean).ok
     by_metric = trace([step(0, ["r0", "r1"])], metric=1.0)
     by_request = trace([step(0, ["r0", "r1"])], per_request={"r0": 1, "r1": 0})
     by_step = trace([step(0, ["r0"], preempted=["r1"])])
     for t in (by_metric, by_request, by_step):
-        msg = check_no_preemption(t)
-        assert msg is not None and msg.startswith("recompute:")
-    assert "step 0: ['r1']" in check_no_preemption(by_step)
+        verdict = check_no_preemption(t)
+        assert not verdict.ok and verdict.check == "no_preemption"
+        assert verdict.why.startswith("recompute:")
+    assert "step 0: ['r1']" in check_no_preemption(by_step).why
+    assert check_no_preemption(by_step).at == 0
     assert not count_preemptions(by_metric).all_signals_agree_preempted()
+    assert not check_preemption_seen(by_metric).ok
     all_three = trace([step(3, ["r0"], preempted=["r1"])], metric=1.0, per_request={"r1": 1})
     assert count_preemptions(all_three).all_signals_agree_preempted()
+    assert check_preemption_seen(all_three).ok
 
 
 def snap(owned, free, dummy_ids=()):
     return KvSnapshot(source="spyre-legacy-runner", num_blocks=8, pad_blocks=[], free_blocks=free,
                       owned=owned, dummy_ids=list(dummy_ids), reserved=None,
-                      reported_free=None, tkv=None).to_dict()
+                      reported_free=None, tkv=None)
 
 
 def test_dummy_blocks_must_be_back_when_a_second_request_joins():
@@ -103,10 +121,19 @@ def test_dummy_blocks_must_be_back_when_a_second_request_joins():
     empty_leak = step(9, [], kv=[snap({"dummy": [1]}, [0, 2, 3, 4, 5, 6, 7], ["dummy"])])
     # The last request finishing: the runner hears of it (and returns the dummy) next step.
     last_finishes = step(8, [], kv=[snap({"r0": [0], "dummy": [1]}, [2, 3, 4, 5, 6, 7], ["dummy"])])
-    last_finishes["finished"] = ["r0"]
+    last_finishes.finished = ["r0"]
+    idle = step(9, [], kv=[snap({}, [0, 1, 2, 3, 4, 5, 6, 7])])
     assert check_dummy_returned([alone, joined_ok, last_finishes]) == []
     (v,) = check_dummy_returned([alone, joined_leak])
     assert (v.invariant, v.step) == ("dummy_returned", 4)
     assert "dummy 'dummy' still holds blocks [1] although 2 real requests run" in v.message
     (v,) = check_dummy_returned([empty_leak])
     assert "the batch is empty" in v.message
+    # The suite's verdict: taken while alone, returned when r1 joins and at the end.
+    assert check_dummy_padding(trace([alone, joined_ok, last_finishes, idle])).ok
+    kept = check_dummy_padding(trace([alone, joined_leak, idle]))
+    assert not kept.ok and kept.check == "dummy_padding" and kept.at == 4
+    assert "dummy still holds [1] at step 4" in kept.why
+    never = check_dummy_padding(trace([step(3, ["r0"], kv=[snap({"r0": [0]}, [1, 2])]),
+                                       joined_ok]))
+    assert never.ok and never.why == "no dummy"

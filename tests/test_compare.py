@@ -3,17 +3,41 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from harness.compare import (
+from harness.checks.tokens import (
     NearTiePolicy,
     TokenDiff,
-    Verdict,
+    TokenOutcome,
+    TraceComparison,
     compare_request,
-    compare_traces,
 )
+from harness.checks.tokens import compare_traces as compare
+from harness.render.token_diff import render_comparison
 from harness.trace import RequestTrace, TokenStep, Trace
+
+
+class Rendered:
+    """A comparison together with what its text is rendered with."""
+
+    def __init__(self, cmp: TraceComparison, decode: Callable[[list[int]], str] | None,
+                 prompts: dict[str, str] | None) -> None:
+        self.cmp, self.decode, self.prompts = cmp, decode, prompts
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cmp, name)
+
+    def report(self) -> str:
+        return render_comparison(self.cmp, self.decode, self.prompts)
+
+
+def compare_traces(ref: Trace, dev: Trace, policy: NearTiePolicy | None = None,
+                   decode: Callable[[list[int]], str] | None = None,
+                   prompts: dict[str, str] | None = None) -> Rendered:
+    return Rendered(compare(ref, dev, policy or NearTiePolicy()), decode, prompts)
 
 VOCAB = {i: f"w{i}" for i in range(200)}
 PROMPT = [101, 102, 103]
@@ -60,7 +84,7 @@ def test_exact_pass() -> None:
     ref = request([confident(1), confident(2), confident(3)])
     dev = request([confident(1), confident(2), confident(3)])
     d = compare_request(ref, dev)
-    assert d.verdict is Verdict.EXACT and d.ok
+    assert d.outcome is TokenOutcome.EXACT and d.ok
     assert d.position is None and d.num_compared == 3
     cmp = compare_traces(Trace("cpu", {"r0": ref}), Trace("spyre", {"r0": dev}))
     assert cmp.ok and not cmp.failures and not cmp.near_ties
@@ -71,7 +95,7 @@ def test_exact_pass() -> None:
 def test_near_tie_accepted_and_reported() -> None:
     ref, dev = diverging(3, TIE_REF, TIE_DEV)
     d = compare_request(ref, dev)
-    assert d.verdict is Verdict.NEAR_TIE and d.ok
+    assert d.outcome is TokenOutcome.NEAR_TIE and d.ok
     assert (d.position, d.num_compared) == (3, 4)
     assert d.dev_rank_in_ref == 2 and d.ref_rank_in_dev == 2
     assert d.ref_gap == pytest.approx(0.02) and d.dev_gap == pytest.approx(0.01)
@@ -96,13 +120,13 @@ def test_near_tie_accepted_and_reported() -> None:
 
 def test_gap_at_tolerance_is_accepted() -> None:
     ref, dev = diverging(0, {7: 0.45, 8: 0.40}, {8: 0.45, 7: 0.40})
-    assert compare_request(ref, dev).verdict is Verdict.NEAR_TIE
+    assert compare_request(ref, dev).outcome is TokenOutcome.NEAR_TIE
 
 
 def test_rejected_when_gap_too_big_in_reference() -> None:
     ref, dev = diverging(2, {7: 0.60, 8: 0.30}, TIE_DEV)
     d = compare_request(ref, dev)
-    assert d.verdict is Verdict.MISMATCH and not d.ok
+    assert d.outcome is TokenOutcome.MISMATCH and not d.ok
     assert "gap in reference distribution 0.3000 > 0.05" in d.detail
     assert "device distribution" not in d.detail
 
@@ -110,7 +134,7 @@ def test_rejected_when_gap_too_big_in_reference() -> None:
 def test_rejected_when_gap_too_big_in_device() -> None:
     ref, dev = diverging(2, TIE_REF, {8: 0.70, 7: 0.20})
     d = compare_request(ref, dev)
-    assert d.verdict is Verdict.MISMATCH
+    assert d.outcome is TokenOutcome.MISMATCH
     assert "gap in device distribution 0.5000 > 0.05" in d.detail
     assert "reference distribution" not in d.detail
 
@@ -120,7 +144,7 @@ def test_rejected_when_device_token_not_in_reference_top_k() -> None:
     ref_dist = {7: 0.12, 1: 0.11, 2: 0.11, 3: 0.10, 4: 0.10, 8: 0.09}
     ref, dev = diverging(1, ref_dist, {8: 0.30, 7: 0.29})
     d = compare_request(ref, dev)
-    assert d.verdict is Verdict.MISMATCH
+    assert d.outcome is TokenOutcome.MISMATCH
     assert d.dev_rank_in_ref == 6 and d.ref_rank_in_dev == 2
     assert d.detail.endswith("): device token not in reference top-5")
     assert compare_request(ref, dev, NearTiePolicy(top_k=6)).ok
@@ -129,7 +153,7 @@ def test_rejected_when_device_token_not_in_reference_top_k() -> None:
 def test_rejected_when_token_absent_from_recorded_top_logprobs() -> None:
     ref, dev = diverging(1, {7: 0.40, 9: 0.39}, {8: 0.40, 7: 0.39})
     d = compare_request(ref, dev)
-    assert d.verdict is Verdict.MISMATCH
+    assert d.outcome is TokenOutcome.MISMATCH
     assert d.dev_rank_in_ref is None and d.dev_logprob_in_ref is None
     cmp = compare_traces(Trace("cpu", {"r0": ref}), Trace("spyre", {"r0": dev}))
     assert "in reference distribution: not in its recorded top-2" in cmp.report()
@@ -139,14 +163,14 @@ def test_nan_probability_is_never_a_near_tie() -> None:
     ref, _ = diverging(0, TIE_REF, TIE_DEV)
     nan = TokenStep(8, float("nan"), {8: float("nan"), 7: math.log(0.4)})
     dev = request([nan, confident(60), confident(61)])
-    assert compare_request(ref, dev).verdict is Verdict.MISMATCH
+    assert compare_request(ref, dev).outcome is TokenOutcome.MISMATCH
 
 
 def test_policy_arguments_change_the_outcome() -> None:
     ref, dev = diverging(2, {7: 0.50, 8: 0.40}, {8: 0.50, 7: 0.40})  # gaps 0.10
-    assert compare_request(ref, dev).verdict is Verdict.MISMATCH
+    assert compare_request(ref, dev).outcome is TokenOutcome.MISMATCH
     loose = NearTiePolicy(prob_tol=0.10)
-    assert compare_request(ref, dev, loose).verdict is Verdict.NEAR_TIE
+    assert compare_request(ref, dev, loose).outcome is TokenOutcome.NEAR_TIE
 
     ref, dev = diverging(2, TIE_REF, TIE_DEV)  # ranks 2 on both sides
     assert compare_request(ref, dev, NearTiePolicy(top_k=2)).ok
@@ -171,7 +195,7 @@ def test_length_mismatch(dev_longer: bool) -> None:
     long = request([confident(1), confident(2), confident(3)], finish="length")
     ref, dev = (short, long) if dev_longer else (long, short)
     d = compare_request(ref, dev)
-    assert d.verdict is Verdict.LENGTH_MISMATCH and not d.ok
+    assert d.outcome is TokenOutcome.LENGTH_MISMATCH and not d.ok
     assert (d.position, d.num_compared) == (2, 2)
     assert (d.dev_token_id if dev_longer else d.ref_token_id) == 3
     assert (d.ref_token_id if dev_longer else d.dev_token_id) is None
@@ -191,9 +215,9 @@ def test_missing_request() -> None:
     dev = Trace("spyre", {"a": request([confident(1)], "a"), "z": request([], "z")})
     cmp = compare_traces(ref, dev, prompts={"b": "Tell me about b"})
     assert not cmp.ok
-    assert [(d.request_id, d.verdict) for d in cmp.diffs] == [
-        ("a", Verdict.EXACT),
-        ("b", Verdict.MISSING),
+    assert [(d.request_id, d.outcome) for d in cmp.diffs] == [
+        ("a", TokenOutcome.EXACT),
+        ("b", TokenOutcome.MISSING),
     ]
     assert cmp.extra_request_ids == ["z"]
     text = cmp.report()
@@ -209,7 +233,7 @@ def test_prompt_mismatch_is_not_compared() -> None:
     ref = request([confident(1)])
     dev = RequestTrace("r0", [101, 102, 104], [confident(1)])
     d = compare_request(ref, dev)
-    assert d.verdict is Verdict.PROMPT_MISMATCH and not d.ok
+    assert d.outcome is TokenOutcome.PROMPT_MISMATCH and not d.ok
     assert "first difference at prompt position 2" in d.detail
     # A target that did not record prompt ids is compared on its outputs alone.
     assert compare_request(ref, RequestTrace("r0", [], [confident(1)])).ok
@@ -304,3 +328,15 @@ def test_failures_precede_near_ties_in_report() -> None:
     ]
     assert [h.split(":")[0] for h in heads] == ["token mismatch", "near-tie accepted"]
     assert "'r0'" not in cmp.report()
+
+
+def test_token_verdict_names_the_check_the_first_position_and_the_full_text() -> None:
+    ref, dev = diverging(2, {7: 0.9, 8: 0.05}, {8: 0.9, 7: 0.05})
+    cmp = compare(Trace("cpu", {"r0": ref}), Trace("spyre", {"r0": dev}))
+    verdict = cmp.verdict(decode, {"r0": "a prompt"})
+    assert not verdict.ok and verdict.check == "token_equality" and verdict.at == 2
+    assert verdict.why.startswith("token mismatch: request 'r0' at position 2")
+    assert verdict.details == render_comparison(cmp, decode, {"r0": "a prompt"})
+    assert "'a prompt'" in verdict.details and "' w8'" in verdict.details
+    same = compare(Trace("cpu", {"r0": ref}), Trace("spyre", {"r0": ref}))
+    assert same.verdict().ok and same.verdict().why == "1 request: 1 exact, 0 near-ties, 0 mismatched"

@@ -4,7 +4,6 @@ before the next test and the step-driven run starts from an idle ledger (order-i
 
 import pytest
 
-from harness.kv import KvSnapshot, check_idle
 from harness.scenario import EngineLimits, shaped_scenario
 from harness.session import HilSession, SessionOptions
 from harness.variants import VARIANTS
@@ -23,13 +22,13 @@ def test_generate_leaves_the_spyre_runner_idle_for_the_next_test(tmp_path):
         batch = shaped_scenario("batch", model.tokenizer, [(20, 8, 0), (70, 12, 0)], limits)
         hil.generate(cfg, batch)
 
-        snaps = [KvSnapshot.from_dict(k) for k in hil.kv_snapshot(cfg)]
-        problems = [v for s in snaps for v in check_idle(s, step=None)]
-        assert not problems, [str(v) for v in problems]
+        idle = hil.check_idle_ledgers(cfg, "after generate()")
+        assert idle.ok, idle.details
 
         steps = shaped_scenario("steps", model.tokenizer, [(30, 6, 0)], limits)
         trace = hil.run_steps(cfg, steps)
-        assert hil.ledger_report(trace) is None, hil.ledger_report(trace)
-        assert len(hil.pool.started) == 1  # one engine served both
+        ledger = hil.check_ledger(trace)
+        assert ledger.ok, ledger.details
+        assert len(hil.stats().engines) == 1  # one engine served both
     finally:
         hil.close()

@@ -15,29 +15,38 @@ from typing import Any
 
 import pytest
 
-from harness.kv import (
-    LEGACY_DUMMY_ID,
-    SOURCE_SPYRE_LEGACY_RUNNER,
-    SOURCE_SPYRE_RUNNER,
-    SOURCE_VLLM_SCHEDULER,
-    KvSnapshot,
+from harness.checks.ledger import (
     Violation,
     check_conservation,
-    check_engine_steps,
     check_free_counter,
     check_idle_all_free,
+    check_ledger,
     check_no_double_free,
     check_pad_never_owned,
     check_ref_counts,
     check_reported_free,
-    check_run,
     check_step,
     check_within_reservation,
-    format_step_table,
+    ledger_violations,
+)
+from harness.engine.probes import (
+    LEGACY_DUMMY_ID,
     snapshot_engine,
     snapshot_legacy_spyre_runner,
     snapshot_spyre_runner,
     snapshot_vllm_scheduler,
+)
+from harness.render.ledger_table import format_step_table
+from harness.serialise import snapshot_from_dict, snapshot_to_dict, trace_from_dict, trace_to_dict
+from harness.trace import (
+    SOURCE_SPYRE_LEGACY_RUNNER,
+    SOURCE_SPYRE_RUNNER,
+    SOURCE_VLLM_SCHEDULER,
+    KvSnapshot,
+    RequestTrace,
+    StepRecord,
+    TokenStep,
+    Trace,
 )
 
 # ------------------------------------------------------------- snapshots
@@ -90,15 +99,30 @@ def test_healthy_snapshot_passes_every_step_check() -> None:
 
 def test_roundtrip_through_json() -> None:
     s = healthy()
-    d = json.loads(json.dumps(s.to_dict()))
+    d = json.loads(json.dumps(snapshot_to_dict(s)))
     assert all(isinstance(k, str) for k in d["ref_counts"])
-    assert KvSnapshot.from_dict(d) == s
+    assert snapshot_from_dict(d) == s
     bare = KvSnapshot(source=SOURCE_SPYRE_LEGACY_RUNNER, num_blocks=4, free_blocks=[0, 1, 1])
-    assert KvSnapshot.from_dict(json.loads(json.dumps(bare.to_dict()))) == bare
+    assert snapshot_from_dict(json.loads(json.dumps(snapshot_to_dict(bare)))) == bare
+
+
+def test_trace_with_step_records_roundtrips_through_json() -> None:
+    req = RequestTrace("r0", [1, 2], [TokenStep(7, -0.5, {7: -0.5, 8: -1.0})], 1, "length")
+    trace = Trace(
+        target="t",
+        requests={"r0": req},
+        steps=[StepRecord(0, running=["r0"], preempted=["r1"], preemptions={"r0": 1},
+                          scheduled=True, num_scheduled_tokens=3, tkv=64, kv=[healthy()])],
+        initial=StepRecord(-1, kv=[idle()]),
+        idle_at_end=True,
+        metrics={"vllm:num_preemptions": 1.0},
+        info={"pid": 1},
+    )
+    assert trace_from_dict(json.loads(json.dumps(trace_to_dict(trace)))) == trace
 
 
 def test_from_dict_fills_missing_optional_keys() -> None:
-    s = KvSnapshot.from_dict({"source": "vllm-scheduler", "num_blocks": 3, "free_blocks": [1, 2]})
+    s = snapshot_from_dict({"source": "vllm-scheduler", "num_blocks": 3, "free_blocks": [1, 2]})
     assert s.owned == {} and s.reserved is None and s.ref_counts is None
 
 
@@ -263,7 +287,14 @@ def test_check_step_tags_step_and_source() -> None:
     assert all(v.step == 7 and v.source == SOURCE_SPYRE_RUNNER for v in vs)
 
 
-def test_check_run_adds_idle_at_index() -> None:
+def run_of(snaps: list[KvSnapshot], idle_at_end: bool, first: int = 0) -> Trace:
+    """A step-driven trace with one snapshot per step, numbered from ``first``; r0 runs
+    alone (so the warmup block of ``healthy()`` is a legal lone-request dummy)."""
+    steps = [StepRecord(first + i, running=["r0"], kv=[s]) for i, s in enumerate(snaps)]
+    return Trace(target="t", steps=steps, idle_at_end=idle_at_end)
+
+
+def test_ledger_driver_adds_idle_at_the_last_step_only_when_idle() -> None:
     snaps = [
         healthy(),
         healthy(),
@@ -276,37 +307,45 @@ def test_check_run_adds_idle_at_index() -> None:
             reported_free=4,
         ),
     ]
-    assert check_run(snaps, None) == []
-    leaks = check_run(snaps, 2)
+    assert ledger_violations(run_of(snaps, idle_at_end=False)) == []
+    leaks = ledger_violations(run_of(snaps, idle_at_end=True))
     assert {v.invariant for v in leaks} == {"idle_all_free"}
     assert [v.step for v in leaks] == [2, 2]
     assert "owns blocks [1]" in leaks[0].message and "reserves 1 block" in leaks[1].message
     broken = [healthy(), healthy(free_blocks=[5, 6, 7, 8])]
-    assert [v.step for v in check_run(broken, None)] == [1, 1, 1]
+    assert [v.step for v in ledger_violations(run_of(broken, idle_at_end=False))] == [1, 1, 1]
 
 
-def step_dict(n: int, snaps: list[KvSnapshot], **kw: Any) -> dict[str, Any]:
-    d: dict[str, Any] = {
-        "step": n,
-        "running": [],
-        "waiting": [],
-        "finished": [],
-        "preempted": [],
-        "tkv": None,
-        "kv": [s.to_dict() for s in snaps],
-    }
-    d.update(kw)
-    return d
-
-
-def test_check_engine_steps_uses_step_numbers() -> None:
-    steps = [
-        step_dict(10, [healthy()]),
-        step_dict(11, [healthy(reported_free=9)]),
-        step_dict(12, [idle()]),
-    ]
-    v = only(check_engine_steps(steps, idle_step=12), "reported_free")
+def test_ledger_driver_checks_the_initial_record_as_idle_and_uses_step_numbers() -> None:
+    trace = run_of([healthy(), healthy(reported_free=9), idle()], idle_at_end=True, first=10)
+    v = only(ledger_violations(trace), "reported_free")
     assert v.step == 11
+    trace.initial = StepRecord(-1, kv=[idle(owned={"warmup-0": [1]}, free_blocks=[2, 3, 4, 5],
+                                            counted_free=4, ref_counts={1: 1}, reported_free=4)])
+    assert ("idle_all_free", -1) in [(v.invariant, v.step) for v in ledger_violations(trace)]
+
+
+def test_ledger_verdict_names_invariant_step_values_and_marks_the_table() -> None:
+    trace = run_of([healthy(), healthy(free_blocks=[5, 6, 7, 8], counted_free=4), idle()],
+                   idle_at_end=True)
+    verdict = check_ledger(trace)
+    assert not verdict.ok and verdict.check == "kv_ledger.conservation" and verdict.at == 1
+    assert verdict.why == ("kv invariant conservation broken at step 1: 1 of 10 blocks are"
+                           " neither free, owned nor pad: [9]")
+    marked = [ln for ln in verdict.details.splitlines() if ln.startswith(">>")]
+    assert len(marked) == 1 and marked[0].split()[1] == "1"
+    assert "invariants broken: conservation, reported_free" in verdict.details
+    assert check_ledger(run_of([healthy(), idle()], idle_at_end=True)).ok
+
+
+def test_ledger_verdict_without_snapshots_is_a_harness_problem() -> None:
+    verdict = check_ledger(Trace(target="t", steps=[StepRecord(0)]))
+    assert not verdict.ok and verdict.check == "kv_ledger.unrecorded"
+    assert "no KV snapshots were recorded" in verdict.why
+
+
+def step_record(n: int, snaps: list[KvSnapshot], **kw: Any) -> StepRecord:
+    return StepRecord(step=n, kv=list(snaps), **kw)
 
 
 # ----------------------------------------------------------- step table
@@ -321,7 +360,7 @@ def test_format_step_table_marks_first_bad_and_prefers_runner() -> None:
         owned={"r0": [1], "r1": [2]},
     )
     steps = [
-        step_dict(
+        step_record(
             i,
             [sched, healthy()],
             running=["r0", "r1"],
@@ -351,7 +390,7 @@ def test_format_step_table_without_runner_uses_scheduler() -> None:
         free_blocks=[3],
         owned={"r0": [1, 2]},
     )
-    table = format_step_table([step_dict(0, [sched]), step_dict(1, [])], first_bad=0)
+    table = format_step_table([step_record(0, [sched]), step_record(1, [])], first_bad=0)
     assert "vllm-scheduler" in table and "r0:2" in table
 
 
@@ -630,7 +669,7 @@ def test_snapshot_engine_detects_runner_kind() -> None:
 def test_free_queue_of_vllm_0_9_has_a_real_head_and_ends_in_none():
     from types import SimpleNamespace as NS
 
-    from harness.kv import _walk_free_queue
+    from harness.engine.probes import _walk_free_queue
 
     c = NS(block_id=5, next_free_block=None)
     b = NS(block_id=3, next_free_block=c)

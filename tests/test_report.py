@@ -12,13 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from harness.capacity import CapacityError, blocks_needed, preflight
-from harness.compare import NearTiePolicy, compare_traces
-from harness.engine_config import ConfigError, EngineConfig
-from harness.engine_host import EngineCrashed, EngineStartError, EngineTimeout
-from harness.kv import SOURCE_VLLM_SCHEDULER, KvSnapshot, ledger_report
+from harness.checks.capacity import (
+    CapacityError,
+    blocks_needed,
+    check_pool_serves_full_batch,
+    preflight,
+)
+from harness.checks.ledger import check_idle_ledgers, check_ledger
+from harness.checks.preemption import check_full_batch, check_no_preemption
+from harness.checks.tokens import NearTiePolicy, compare_traces
+from harness.checks.verdict import Verdict, VerdictFailed
+from harness.engine.config import ConfigError, EngineConfig
+from harness.engine.host import EngineCrashed, EngineStartError, EngineTimeout
 from harness.lab.devices import DeviceScan
-from harness.preemption import check_full_batch, check_no_preemption
 from harness.report import generate
 from harness.report.attachments import ledger_csv, ledger_plot_png, log_excerpt, token_diff_html
 from harness.report.categories import (
@@ -39,7 +45,14 @@ from harness.report.labels import device_instance, static_labels, suite_name
 from harness.report.results import load_results
 from harness.report.summary import summarize, summary_markdown
 from harness.scenario import EngineLimits, RequestSpec, Scenario
-from harness.trace import RequestTrace, TokenStep, Trace
+from harness.trace import (
+    SOURCE_VLLM_SCHEDULER,
+    KvSnapshot,
+    RequestTrace,
+    StepRecord,
+    TokenStep,
+    Trace,
+)
 from harness.variants import VARIANTS
 
 
@@ -65,22 +78,27 @@ def trace_of(target: str, tokens: list[int], diverge_at: int | None = None) -> T
     return Trace(target=target, requests={"r0": req})
 
 
+def decode(ids: list[int]) -> str:
+    return f"<{ids[0]}>"
+
+
+PROMPTS = {"r0": "a prompt"}
+
+
 def mismatch_comparison():
     ref = trace_of("cpu-ref", [11, 12, 13, 14, 15])
     dev = trace_of("vllm-cpu", [11, 12, 99, 14, 15])
-    return ref, dev, compare_traces(ref, dev, NearTiePolicy(), decode=lambda ids: f"<{ids[0]}>",
-                                    prompts={"r0": "a prompt"})
+    return ref, dev, compare_traces(ref, dev, NearTiePolicy())
 
 
 def kv_step(n: int, free: list[int], owned: dict[str, list[int]], preempted=(), running=()):
     snap = KvSnapshot(source=SOURCE_VLLM_SCHEDULER, num_blocks=8, pad_blocks=[0],
                       free_blocks=free, owned=owned, counted_free=len(free),
                       ref_counts={b: 1 for bs in owned.values() for b in bs})
-    return {"step": n, "running": list(running), "waiting": [], "finished": [],
-            "preempted": list(preempted), "tkv": None, "kv": [snap.to_dict()]}
+    return StepRecord(step=n, running=list(running), preempted=list(preempted), kv=[snap])
 
 
-def leaky_steps() -> list[dict]:
+def leaky_steps() -> list[StepRecord]:
     return [
         kv_step(-1, [1, 2, 3, 4, 5, 6, 7], {}),
         kv_step(0, [3, 4, 5, 6, 7], {"r0": [1, 2]}, running=["r0"]),
@@ -92,12 +110,22 @@ def leaky_steps() -> list[dict]:
 # ------------------------------------------------------------------ categories
 
 
-def _real_messages() -> dict[str, tuple[str, str]]:
-    """category -> (status, message), each message made by the harness's own code."""
-    ref, dev, cmp_ = mismatch_comparison()
-    preempted = Trace(target="vllm-cpu", engine_steps=leaky_steps()[:3],
-                      metrics={"vllm:num_preemptions": 1.0})
+def leaky_trace() -> Trace:
     steps = leaky_steps()
+    return Trace(target="vllm-cpu", steps=steps[1:], initial=steps[0], idle_at_end=True)
+
+
+def failed(verdict: Verdict) -> tuple[str, str]:
+    """(message, check) as the report records a suite's failed expectation."""
+    assert not verdict.ok
+    return exconly(VerdictFailed(verdict)), verdict.check
+
+
+def _real_messages() -> dict[str, tuple[str, str, str | None]]:
+    """category -> (status, message, failing check), each made by the harness's own code."""
+    ref, dev, cmp_ = mismatch_comparison()
+    preempted = Trace(target="vllm-cpu", steps=leaky_steps()[:3],
+                      metrics={"vllm:num_preemptions": 1.0})
     need = blocks_needed(256, 2, 16)
     try:
         preflight(need, 3, "num_gpu_blocks_override")
@@ -105,44 +133,59 @@ def _real_messages() -> dict[str, tuple[str, str]]:
         capacity = exconly(e)
     tail = "INFO ... token mismatch: and recompute: in the log must not decide anything"
     missing = DeviceScan(kind="spyre", looked_for="PCI 1014:06a7").why_none()
+    warmup = KvSnapshot(source=SOURCE_VLLM_SCHEDULER, num_blocks=4, pad_blocks=[0],
+                        free_blocks=[2, 3], owned={"warmup-0": [1]})
+    no_probe = Trace(target="vllm-cpu", steps=[StepRecord(0)])
     return {
-        "token mismatch": ("failed", exconly(AssertionError(cmp_.report()))),
-        "recompute": ("failed", exconly(AssertionError(check_no_preemption(preempted)))),
-        "recompute (full batch)": ("failed", exconly(AssertionError(check_full_batch(steps, 4)))),
-        "block leak": ("failed", exconly(AssertionError(ledger_report(None, steps, True)))),
-        "block leak (warmup)": ("failed", exconly(AssertionError(
-            "after warmup: [idle_all_free] warmup-0 still holds 1 reserved block"))),
-        "capacity": ("broken", capacity),
+        "token mismatch": ("failed", *failed(cmp_.verdict(decode, PROMPTS))),
+        "recompute": ("failed", *failed(check_no_preemption(preempted))),
+        "recompute (full batch)": ("failed", *failed(check_full_batch(leaky_trace(), 4))),
+        "block leak": ("failed", *failed(check_ledger(leaky_trace()))),
+        "block leak (warmup)": ("failed", *failed(check_idle_ledgers([warmup]))),
+        "capacity": ("broken", capacity, None),
+        "capacity (pool verdict)": ("failed", *failed(check_pool_serves_full_batch(need, 17))),
         "capacity (spyre)": ("broken", exconly(EngineStartError(
             "engine spyre-eager-cb failed to start with model /m: ValueError: Number of pages"
-            " available on Spyre (4) is not enough to serve the current model", tail))),
+            " available on Spyre (4) is not enough to serve the current model", tail)), None),
         "device missing": ("failed", exconly(pytest.fail.Exception(
-            f"device required but missing: {missing}"))),
-        "device missing (skip)": ("skipped", exconly(pytest.skip.Exception(missing))),
+            f"device required but missing: {missing}")), None),
+        "device missing (skip)": ("skipped", exconly(pytest.skip.Exception(missing)), None),
         "timeout": ("broken", exconly(EngineTimeout(
-            "engine vllm-cpu gave no answer within 900 s; killed it", tail))),
-        "timeout (pytest-timeout)": ("failed", exconly(pytest.fail.Exception("Timeout >1800.0s"))),
+            "engine vllm-cpu gave no answer within 900 s; killed it", tail)), None),
+        "timeout (pytest-timeout)": ("failed", exconly(pytest.fail.Exception("Timeout >1800.0s")),
+                                     None),
         "engine crash / harness error": ("broken", exconly(EngineCrashed(
-            "engine vllm-cpu died with exit code -9 during a call", tail))),
-        "engine crash (config)": ("broken", exconly(ConfigError("unknown target 'x'"))),
-        "engine crash (other exception)": ("broken", exconly(KeyError("requests"))),
+            "engine vllm-cpu died with exit code -9 during a call", tail)), None),
+        "engine crash (config)": ("broken", exconly(ConfigError("unknown target 'x'")), None),
+        "engine crash (other exception)": ("broken", exconly(KeyError("requests")), None),
+        "engine crash (no ledger recorded)": ("failed", *failed(check_ledger(no_probe))),
     }
 
 
 @pytest.mark.parametrize("case", list(_real_messages()))
-def test_each_real_failure_message_lands_in_its_category(case):
-    status, message = _real_messages()[case]
+def test_each_real_failure_lands_in_its_category(case):
+    status, message, check = _real_messages()[case]
     want = re.sub(r" \(.*\)$", "", case)
     if want.startswith("engine crash"):
         want = "engine crash / harness error"
+    # Filed by the failing check where there is one; Allure's regex (the check tag) agrees.
+    assert classify(status, message, check) == want, (check, message)
     assert classify(status, message) == want, message
+
+
+def test_a_verdict_is_filed_by_its_check_not_by_its_words():
+    words = exconly(VerdictFailed(Verdict.failed("token_equality", "recompute: kv invariant x")))
+    assert classify("failed", words, "token_equality") == "token mismatch"
+    assert classify("failed", words) == "token mismatch"
+    suite_text = exconly(AssertionError("after warmup: [idle_all_free] token mismatch: recompute:"))
+    assert classify("failed", suite_text) is None  # words a suite wrote decide nothing
 
 
 def test_categories_are_exclusive_as_allure_applies_them():
     # Allure files a result under every category whose regex fully matches; each real
     # message must match exactly one entry (or two entries of the same name).
     entries = categories_json()
-    for case, (status, message) in _real_messages().items():
+    for case, (status, message, _) in _real_messages().items():
         hits = {e["name"] for e in entries
                 if status in e["matchedStatuses"] and re.fullmatch(e["messageRegex"], message)}
         assert len(hits) == 1, (case, hits)
@@ -156,7 +199,7 @@ def test_unknown_assertion_is_unclassified_and_passes_are_not_categorised():
 
 def test_log_tail_words_do_not_move_a_crash_into_another_category():
     message = exconly(EngineCrashed("engine x died with exit code 1 during a call",
-                                    "KV cache too small: token mismatch: recompute:"))
+                                    "KV cache too small: token mismatch: [check capacity] recompute:"))
     assert classify("broken", message) == "engine crash / harness error"
 
 
@@ -181,7 +224,7 @@ class _Rows(HTMLParser):
 
 def test_token_diff_highlights_the_first_divergence_only():
     ref, dev, cmp_ = mismatch_comparison()
-    page = token_diff_html(cmp_, ref, dev, "unit")
+    page = token_diff_html(cmp_, ref, dev, "unit", decode=decode, prompts=PROMPTS)
     parser = _Rows()
     parser.feed(page)
     diverge = [cells for cls, cells in parser.rows if cls == "diverge"]
@@ -218,9 +261,9 @@ def test_ledger_csv_has_a_row_per_step_and_source():
 
 def test_ledger_plot_is_a_png_and_absent_without_snapshots():
     steps = leaky_steps()
-    png = ledger_plot_png(steps, "unit", ledger_report(None, steps, True))
+    png = ledger_plot_png(steps, "unit", check_ledger(leaky_trace()))
     assert png is not None and png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
-    assert ledger_plot_png([{"step": 0, "running": [], "kv": []}]) is None
+    assert ledger_plot_png([StepRecord(0)]) is None
 
 
 def test_log_excerpt_marks_where_the_test_began(tmp_path):
@@ -244,10 +287,13 @@ def test_each_request_is_a_step_with_its_verdict():
     scenario = Scenario("unit", [RequestSpec("r0", (5, 6, 7), 5)], EngineLimits(64, 2))
     cfg = EngineConfig(target="vllm-cpu", model="/m", max_model_len=64, max_num_seqs=2)
     ev = CallEvidence()
-    ev("scenario", {"config": cfg, "scenario": scenario})
-    ev("trace", {"config": cfg, "scenario": scenario, "trace": dev})
-    ev("comparison", {"scenario": scenario, "reference": ref, "trace": dev, "verdict": cmp_})
-    assert len(ev.runs) == 1 and ev.runs[0].comparison is cmp_
+    ev.on_scenario(cfg, scenario)
+    ev.on_trace(cfg, scenario, dev)
+    ev.on_comparison(scenario, ref, dev, cmp_, decode)
+    verdict = cmp_.verdict(decode, PROMPTS)
+    ev.on_verdict(verdict, dev)
+    assert len(ev.runs) == 1 and ev.runs[0].comparison is cmp_ and ev.runs[0].decode is decode
+    assert ev.runs[0].verdicts == [verdict] and ev.failed_verdict is verdict
     head = run_steps_of(ev.runs[0])
     assert head.title.startswith("run unit on vllm-cpu: 1 requests")
     (req,) = head.children
@@ -319,10 +365,14 @@ def test_write_run_config_writes_the_three_files(tmp_path):
 # ------------------------------------------------------------------ results folder
 
 
-def allure_result(name: str, status: str, message: str = "", uuid: str = "u1") -> dict:
+def allure_result(name: str, status: str, message: str = "", uuid: str = "u1",
+                  check: str | None = None) -> dict:
+    labels = [{"name": "nodeid", "value": f"suites/t.py::{name}"}]
+    if check:
+        labels.append({"name": "check", "value": check})
     return {"uuid": uuid, "name": name, "fullName": f"suites.t#{name}", "status": status,
             "historyId": f"h-{name}", "statusDetails": {"message": message},
-            "labels": [{"name": "nodeid", "value": f"suites/t.py::{name}"}],
+            "labels": labels,
             "parameters": [{"name": "target_variant", "value": "'vllm-cpu'"},
                            {"name": "model", "value": "'tiny-llama'"}],
             "attachments": [{"name": "token diff", "source": f"{uuid}-a-attachment.html",
@@ -332,7 +382,8 @@ def allure_result(name: str, status: str, message: str = "", uuid: str = "u1") -
 def results_folder(tmp_path: Path) -> Path:
     d = tmp_path / "allure-results"
     d.mkdir(parents=True)
-    good = allure_result("test_ok", "failed", "AssertionError: token mismatch: request 'r0'")
+    good = allure_result("test_ok", "failed", "VerdictFailed: [check token_equality] token mismatch:"
+                         " request 'r0'", check="token_equality")
     (d / "u1-result.json").write_text(json.dumps(good))
     (d / "u1-a-attachment.html").write_text("<html></html>")
     (d / "u2-result.json").write_text(json.dumps(good)[:57])  # truncated mid-write
@@ -362,8 +413,10 @@ def test_empty_and_missing_results_folders_are_explained(tmp_path):
 def test_summary_counts_categories_and_lists_failing_tests():
     tests = [
         allure_result("a", "passed"),
-        allure_result("b", "failed", "AssertionError: token mismatch: request 'r0' at position 5"),
-        allure_result("c", "failed", "AssertionError: kv invariant conservation broken at step 3"),
+        allure_result("b", "failed", "VerdictFailed: [check token_equality] token mismatch: request"
+                      " 'r0' at position 5", check="token_equality"),
+        allure_result("c", "failed", "VerdictFailed: [check kv_ledger.conservation] kv invariant"
+                      " conservation broken at step 3", check="kv_ledger.conservation"),
         allure_result("d", "skipped", "Skipped: no Spyre device found: looked for PCI"),
         allure_result("e", "failed", "AssertionError: assert 1 == 2"),
     ]

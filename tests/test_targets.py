@@ -8,7 +8,7 @@ import pytest
 
 from harness import targets
 from harness.cli import nightly_selection
-from harness.engine_config import ConfigError, EngineConfig, WarmupShape
+from harness.engine.config import ConfigError, EngineConfig, WarmupShape
 from harness.lab.inventory import InventoryDevice, load_inventory
 from harness.reference_cache import ReferenceCache
 from harness.targets.base import EngineRunner, Runner, VllmTarget

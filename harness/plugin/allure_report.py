@@ -3,7 +3,9 @@ attachments, and the run's report configuration.
 
 Active only when allure-pytest writes results (``--alluredir``). Suites know
 nothing of it: labels come from the test's module, function and callspec;
-evidence comes from ``HilSession.listeners`` while the test's call phase runs.
+evidence comes from a listener added to the session while the test's call phase
+runs. A test that failed on a verdict gets a ``check`` label with the check's
+name, which the summary files it by.
 Under xdist every worker labels and attaches its own tests; the controller
 alone writes categories.json, environment.properties and executor.json, and
 alone cleans the results folder for ``--clean-alluredir``.
@@ -23,6 +25,7 @@ from allure_commons import plugin_manager
 from allure_commons.types import AttachmentType
 from allure_commons.utils import uuid4
 
+from harness.checks.verdict import VerdictFailed
 from harness.report import attachments as att
 from harness.report.evidence import CallEvidence, StepInfo, run_steps_of
 from harness.report.labels import (
@@ -164,14 +167,15 @@ def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseE
     for i, run in enumerate(evidence.runs):
         suffix = f" ({i + 1}: {getattr(run.scenario, 'name', '')})" if many else ""
         title = f"{getattr(run.scenario, 'name', '?')} on {getattr(run.config, 'label', '?')}"
-        if run.comparison is not None and run.reference is not None:
-            page = att.token_diff_html(run.comparison, run.reference, run.trace, title)
+        if run.comparison is not None and run.reference is not None and run.trace is not None:
+            prompts = run.scenario.prompts_by_id() if run.scenario is not None else None
+            page = att.token_diff_html(run.comparison, run.reference, run.trace, title,
+                                       decode=run.decode, prompts=prompts)
             _attach_text(page, "token diff" + suffix, AttachmentType.HTML)
         steps = att.ledger_steps(run.trace) if run.trace is not None else []
-        if any(d.get("kv") for d in steps):
+        if any(d.kv for d in steps):
             _attach_text(att.ledger_csv(steps), "KV ledger" + suffix, AttachmentType.CSV)
-            report = run.ledger_report if run.ledger_checked else None
-            png = att.ledger_plot_png(steps, title, report)
+            png = att.ledger_plot_png(steps, title, run.ledger)
             if png:
                 allure.attach(png, name="KV ledger plot" + suffix, attachment_type=AttachmentType.PNG)
         if run.scenario is not None:
@@ -180,7 +184,10 @@ def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseE
     for config, snaps in evidence.snapshots:
         import json
 
-        body = json.dumps({"engine": getattr(config, "label", None), "snapshots": snaps}, indent=1)
+        from harness.serialise import snapshot_to_dict
+
+        body = json.dumps({"engine": getattr(config, "label", None),
+                           "snapshots": [snapshot_to_dict(s) for s in snaps]}, indent=1)
         _attach_text(body, "KV snapshot", AttachmentType.JSON)
     logs = [att.log_excerpt(path, offset) for path, offset in evidence.logs.items()]
     tail = getattr(excinfo.value, "log_tail", "") if excinfo is not None else ""
@@ -193,16 +200,15 @@ def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseE
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
     hil = getattr(item, "funcargs", {}).get("hil") if _active(item.config) else None
-    listeners = getattr(hil, "listeners", None)
     evidence = CallEvidence()
-    if listeners is not None:
+    if hil is not None:
         item.stash[EVIDENCE_KEY] = evidence
-        listeners.append(evidence)
+        hil.add_listener(evidence)
     try:
         yield
     finally:
-        if listeners is not None and evidence in listeners:
-            listeners.remove(evidence)
+        if hil is not None:
+            hil.remove_listener(evidence)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -217,6 +223,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             if report.skipped or report.failed:
                 allure.dynamic.parameter("device", _device_of(item, None), excluded=True)
         elif report.when == "call":
+            failed = call.excinfo.value if call.excinfo is not None else None
+            if isinstance(failed, VerdictFailed):
+                allure.dynamic.label("check", failed.verdict.check)
             evidence = item.stash.get(EVIDENCE_KEY, None)
             allure.dynamic.parameter("device", _device_of(item, evidence), excluded=True)
             if evidence is None or evidence.empty:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare import NearTiePolicy
+from harness.checks.tokens import NearTiePolicy
 from harness.lab.inventory import discover_inventory, load_inventory
 from harness.lab.leases import LeaseManager, LeaseUnavailable
 from harness.session import HilSession, Model, SessionOptions
@@ -41,10 +41,9 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         kv_probe=not opt("--no-kv-probe"),
         stack=opt("--stack"),
     )
-    session = HilSession(opts)
     inv_path = opt("--inventory")
     inventory = load_inventory(Path(inv_path)) if inv_path else discover_inventory()
-    session.leases = LeaseManager(
+    leases = LeaseManager(
         inventory,
         lease_dir=Path(opt("--lease-dir")),
         run_dir=opts.reports_dir / "devices",
@@ -52,6 +51,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         wait_seconds=opt("--lease-wait"),
         share=opt("--lease-share"),
     )
+    session = HilSession(opts, leases=leases)
     try:
         yield session
     finally:
@@ -79,7 +79,7 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     """The device variant under test, bound to a leased device where the inventory has one;
     skips (or fails with --require-device) when the device is absent or marked broken."""
     variant: TargetVariant = request.param
-    hil.current_test = request.node.nodeid
+    hil.begin_test(request.node.nodeid)
     markers = tuple(m.name for m in request.node.iter_markers())
     stack_problem = hil.stack_problem(variant, markers)
     if stack_problem:

@@ -73,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--max-live-engines", type=int, default=3,
                 help="engines kept alive at once per worker (default 3)")
     g.addoption("--inject-fault", action="append", default=[], metavar="FAULT[:k=v,...]",
-                help="install a fault (harness/faults.py) in every engine, to prove the"
+                help="install a fault (harness/engine/faults.py) in every engine, to prove the"
                 " checks fail; repeatable")
     g.addoption("--inventory", default=os.environ.get("HIL_INVENTORY", ""),
                 help="inventory file (TOML or YAML) listing this host's devices; overrides"
@@ -139,7 +139,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"--model: model folder not found: {m}; pass a local model folder (containing"
                 f" config.json) or one of: {', '.join(MODEL_SPECS)}"
             )
-    from harness.faults import parse_fault
+    from harness.engine.faults import parse_fault
 
     for spec in config.getoption("--inject-fault"):
         try:

@@ -7,15 +7,14 @@ import csv
 import html
 import io
 import json
-import re
 from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.compare import TokenDiff, TraceComparison, Verdict
-from harness.kv import SOURCE_VLLM_SCHEDULER
-from harness.trace import RequestTrace, TokenStep, Trace
+from harness.checks.tokens import TokenDiff, TokenOutcome, TraceComparison
+from harness.checks.verdict import KV_LEDGER, Verdict
+from harness.trace import SOURCE_VLLM_SCHEDULER, RequestTrace, StepRecord, TokenStep, Trace
 
 # Rows of the token table kept around the first divergence when a request is long.
 ROWS_BEFORE, ROWS_AFTER, MAX_ROWS = 24, 8, 64
@@ -40,9 +39,9 @@ tr.picked td{background:#ffe9e9;font-weight:bold}
 """
 
 
-def _verdict_class(v: Verdict) -> str:
-    return {Verdict.EXACT: "exact", Verdict.NEAR_TIE: "near-tie",
-            Verdict.MISMATCH: "mismatch"}.get(v, "other")
+def _outcome_class(v: TokenOutcome) -> str:
+    return {TokenOutcome.EXACT: "exact", TokenOutcome.NEAR_TIE: "near-tie",
+            TokenOutcome.MISMATCH: "mismatch"}.get(v, "other")
 
 
 def _token_text(decode: Callable[[list[int]], str] | None, token: int | None) -> str:
@@ -101,8 +100,8 @@ def _request_table(
         v = dev_steps[i] if i < len(dev_steps) else None
         cls, note = "", ""
         if pos is not None and i == pos:
-            cls = "nearTie" if d.verdict is Verdict.NEAR_TIE else "diverge"
-            note = "first divergence" if d.verdict is not Verdict.NEAR_TIE else "near-tie"
+            cls = "nearTie" if d.outcome is TokenOutcome.NEAR_TIE else "diverge"
+            note = "first divergence" if d.outcome is not TokenOutcome.NEAR_TIE else "near-tie"
         elif pos is not None and i > pos:
             cls, note = "after", "not compared"
         out.append(
@@ -135,14 +134,18 @@ def _top_k_table(
 
 
 def token_diff_html(
-    comparison: TraceComparison, reference: Trace, device: Trace, title: str = ""
+    comparison: TraceComparison,
+    reference: Trace,
+    device: Trace,
+    title: str = "",
+    decode: Callable[[list[int]], str] | None = None,
+    prompts: dict[str, str] | None = None,
 ) -> str:
-    """A self-contained HTML page: per request, reference vs device tokens (ids, text,
-    logprobs), the first divergence highlighted, failures first."""
-    decode = comparison.decode
-    prompts = comparison.prompts or {}
+    """A self-contained HTML page: per request, reference vs device tokens (ids, text
+    when ``decode`` is given, logprobs), the first divergence highlighted, failures first."""
+    prompts = prompts or {}
     order = comparison.failures + comparison.near_ties + [
-        d for d in comparison.diffs if d.verdict is Verdict.EXACT
+        d for d in comparison.diffs if d.outcome is TokenOutcome.EXACT
     ]
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
@@ -158,7 +161,7 @@ def token_diff_html(
         where = "" if d.position is None else f" at position {d.position}"
         parts.append(
             f"<h3>request {html.escape(repr(d.request_id))} "
-            f"<span class='verdict {_verdict_class(d.verdict)}'>{d.verdict.value}</span>"
+            f"<span class='verdict {_outcome_class(d.outcome)}'>{d.outcome.value}</span>"
             f"{where}</h3>"
         )
         prompt = prompts.get(d.request_id, "")
@@ -169,7 +172,7 @@ def token_diff_html(
         )
         if d.detail:
             parts.append(f"<pre>{html.escape(d.detail)}</pre>")
-        if d.verdict is Verdict.MISSING:
+        if d.outcome is TokenOutcome.MISSING:
             continue
         parts.append(_request_table(d, ref, dev, decode))
         if d.position is not None and ref and dev and d.position < min(len(ref.steps), len(dev.steps)):
@@ -196,51 +199,47 @@ LEDGER_COLUMNS = [
 ]
 
 
-def ledger_steps(trace: Trace) -> list[dict[str, Any]]:
-    """The initial (post-warmup) snapshot, when recorded, then every engine step."""
-    initial = trace.info.get("initial")
-    return ([initial] if initial else []) + list(trace.engine_steps)
+def ledger_steps(trace: Trace) -> list[StepRecord]:
+    """The initial (post-warmup) record, when taken, then every engine step."""
+    return trace.ledger_steps()
 
 
 def _ids(values: Any) -> str:
     return " ".join(str(v) for v in values or [])
 
 
-def ledger_rows(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ledger_rows(steps: list[StepRecord]) -> list[dict[str, Any]]:
     """One row per (step, KV source); a step without snapshots gives one row."""
     rows = []
     for d in steps:
         common = {
-            "step": d.get("step"),
-            "tkv": d.get("tkv"),
-            "running": len(d.get("running", [])),
-            "waiting": len(d.get("waiting", [])),
-            "preempted": _ids(d.get("preempted")),
-            "finished": _ids(d.get("finished")),
+            "step": d.step,
+            "tkv": d.tkv,
+            "running": len(d.running),
+            "waiting": len(d.waiting),
+            "preempted": _ids(d.preempted),
+            "finished": _ids(d.finished),
         }
-        kvs = d.get("kv") or [None]
-        for kd in kvs:
+        for k in d.kv or [None]:
             row = dict.fromkeys(LEDGER_COLUMNS, "")
             row.update(common)
-            if kd is not None:
-                pad = set(kd.get("pad_blocks", []))
-                owned = {r: b for r, b in kd.get("owned", {}).items() if b}
-                reserved = kd.get("reserved")
+            if k is not None:
+                owned = {r: b for r, b in k.owned.items() if b}
                 row.update(
-                    source=kd.get("source", ""),
-                    num_blocks=kd.get("num_blocks", ""),
-                    pad_blocks=_ids(kd.get("pad_blocks")),
-                    free_blocks=len(set(kd.get("free_blocks", [])) - pad),
-                    owned_blocks=len({b for bs in owned.values() for b in bs} - pad),
-                    reported_free="" if kd.get("reported_free") is None else kd["reported_free"],
-                    reserved_blocks="" if reserved is None else sum(reserved.values()),
+                    source=k.source,
+                    num_blocks=k.num_blocks,
+                    pad_blocks=_ids(k.pad_blocks),
+                    free_blocks=k.free_count(),
+                    owned_blocks=k.owned_count(),
+                    reported_free="" if k.reported_free is None else k.reported_free,
+                    reserved_blocks="" if k.reserved is None else sum(k.reserved.values()),
                     owners=" ".join(f"{r}:{len(b)}" for r, b in owned.items()),
                 )
             rows.append(row)
     return rows
 
 
-def ledger_csv(steps: list[dict[str, Any]]) -> str:
+def ledger_csv(steps: list[StepRecord]) -> str:
     """The per-step KV ledger as CSV (columns ``LEDGER_COLUMNS``)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=LEDGER_COLUMNS, lineterminator="\n")
@@ -249,22 +248,19 @@ def ledger_csv(steps: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _plot_source(steps: list[dict[str, Any]]) -> str | None:
-    sources = [k.get("source") for d in steps for k in d.get("kv", [])]
+def _plot_source(steps: list[StepRecord]) -> str | None:
+    sources = [k.source for d in steps for k in d.kv]
     runners = [s for s in sources if s != SOURCE_VLLM_SCHEDULER]
     # The runner holds the real blocks; the scheduler's pool can be a stand-in.
     return runners[-1] if runners else (sources[0] if sources else None)
 
 
-_BROKEN_AT = re.compile(r"kv invariant (\S+) broken at step (-?\d+)")
-
-
 def ledger_plot_png(
-    steps: list[dict[str, Any]], title: str = "", ledger_report: str | None = None
+    steps: list[StepRecord], title: str = "", ledger: Verdict | None = None
 ) -> bytes | None:
     """A PNG of free and owned blocks per step, running requests on a second axis,
-    preemptions marked in red and the first broken invariant in orange; None when
-    no step carries a KV snapshot."""
+    preemptions marked in red and, when the ``ledger`` verdict failed, its first broken
+    step in orange; None when no step carries a KV snapshot."""
     source = _plot_source(steps)
     if source is None:
         return None
@@ -273,13 +269,14 @@ def ledger_plot_png(
     from matplotlib.ticker import MaxNLocator
 
     xs, free, owned, running = [], [], [], []
-    for row in ledger_rows(steps):
-        if row["source"] != source:
+    for d in steps:
+        snap = next((k for k in d.kv if k.source == source), None)
+        if snap is None:
             continue
-        xs.append(row["step"])
-        free.append(row["free_blocks"])
-        owned.append(row["owned_blocks"])
-        running.append(row["running"])
+        xs.append(d.step)
+        free.append(snap.free_count())
+        owned.append(snap.owned_count())
+        running.append(len(d.running))
     fig = Figure(figsize=(8, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
@@ -296,15 +293,15 @@ def ledger_plot_png(
     ax.set_ylim(bottom=0)
     first_preempt = True
     for d in steps:
-        if d.get("preempted"):
-            ax.axvline(d["step"], color="#c62828", linestyle="--", linewidth=1.5,
+        if d.preempted:
+            ax.axvline(d.step, color="#c62828", linestyle="--", linewidth=1.5,
                        label="preemption" if first_preempt else None)
-            ax.annotate(",".join(map(str, d["preempted"])), (d["step"], ax.get_ylim()[1]),
+            ax.annotate(",".join(d.preempted), (d.step, ax.get_ylim()[1]),
                         color="#c62828", fontsize=8, ha="left", va="top")
             first_preempt = False
-    m = _BROKEN_AT.search(ledger_report or "")
-    if m:
-        ax.axvline(int(m.group(2)), color="#ef6c00", linewidth=2, label=f"{m.group(1)} broken")
+    if ledger is not None and not ledger.ok and ledger.family == KV_LEDGER and ledger.at is not None:
+        invariant = ledger.check.split(".", 1)[-1]
+        ax.axvline(ledger.at, color="#ef6c00", linewidth=2, label=f"{invariant} broken")
     handles = ax.get_legend_handles_labels()
     handles2 = ax2.get_legend_handles_labels()
     ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], loc="center right", fontsize=8,

@@ -1,18 +1,22 @@
-"""Failure categories: why a test failed, from its failure message.
+"""Failure categories: why a test failed, filed by the check whose verdict failed.
 
-Each category lists regex fragments, each matching the start of one of the
-harness's own failure messages (compare.py, preemption.py, kv.py, capacity.py,
-engine_host.py, the device fixture) or the name of the exception that carries
-it. A fragment must occur in the *first line* of the message, the exception
-line Allure records (``AssertionError: token mismatch: ...``): engine errors
-append the engine's log tail after it, and log text must not decide a category.
+A failed suite expectation raises ``VerdictFailed``, which carries the verdict;
+the report records its check name (the ``check`` label of the result) and files
+the result by it: each category lists the check families it owns
+(``kv_ledger`` owns ``kv_ledger.conservation``) and the exact check names it
+owns. Failures that are not verdicts (engine errors, refusals, timeouts, a
+missing device) are filed by the exception's class, or by a fragment of the
+stack's own refusal text where the stack gives no class to go by.
 
-Categories are tried in order and the first that matches wins. So that Allure
-(which puts a result in every category it matches) agrees with ``classify``,
-each category's regex in categories.json excludes every earlier category with
-a negative lookahead. Allure matches a regex against the whole message
-(Java ``Matcher.matches``); ``classify`` uses ``re.fullmatch`` on the same
-regex, so both read the same file the same way.
+Allure applies categories.json itself and can only match text, so the regexes
+written there match the ``[check NAME]`` tag that ``Verdict.message()`` puts at
+the start of every verdict failure, generated from the same check names; and a
+fragment must occur in the *first line* (the exception line Allure records):
+engine errors append the engine's log tail after it, and log text must not
+decide a category. Categories are tried in order and the first that matches
+wins; each category's regex excludes every earlier one with a negative
+lookahead, so Allure (which files a result under every category that matches)
+agrees with ``classify``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.checks import verdict as checks
+
 FAILED, BROKEN, SKIPPED = "failed", "broken", "skipped"
 
 # What a result that matches no category is counted as in the summary.
@@ -31,18 +37,31 @@ UNCLASSIFIED_FAILURE = "unclassified failure"
 
 @dataclass(frozen=True)
 class Category:
-    """One failure category: a name, what it means, and the messages it claims."""
+    """One failure category: a name, what it means, the checks and the errors it claims."""
 
     name: str
     description: str
-    fragments: tuple[str, ...]
+    fragments: tuple[str, ...] = ()  # regexes for the first line of a non-verdict failure
     statuses: tuple[str, ...] = (FAILED, BROKEN)
+    families: tuple[str, ...] = ()  # check families (``kv_ledger`` owns ``kv_ledger.*``)
+    checks: tuple[str, ...] = ()  # exact check names, before any family
+
+    def owns_check(self, check: str) -> bool:
+        return check in self.checks or (
+            check.split(".", 1)[0] in self.families and check not in _EXACT_CHECKS
+        )
 
     def own_regex(self) -> str:
-        """Matches a first line containing one of the fragments ('' for a catch-all)."""
-        if not self.fragments:
+        """Matches a first line with one of the fragments or check tags ('' for a catch-all)."""
+        alts = list(self.fragments)
+        alts += [r"\[check " + re.escape(c) + r"\]" for c in self.checks]
+        if self.families:
+            exclude = "".join(f"(?!{re.escape(c)}\\])" for c in sorted(_EXACT_CHECKS))
+            fams = "|".join(re.escape(f) for f in self.families)
+            alts.append(r"\[check " + exclude + f"(?:{fams})" + r"(?:\.[\w.]+)?\]")
+        if not alts:
             return ""
-        return "^[^\\n]*(?:" + "|".join(self.fragments) + ")"
+        return "^[^\\n]*(?:" + "|".join(alts) + ")"
 
 
 _EXC = r"(?:[\w.]*\.)?"  # an optional module path before an exception class name
@@ -54,6 +73,8 @@ def _device_labels() -> str:
 
     return "|".join(re.escape(d.label) for d in device_kinds().values() if d.leased)
 
+# Exact check names that belong to another category than their family's.
+_EXACT_CHECKS = frozenset({checks.KV_LEDGER_UNRECORDED})
 
 CATEGORIES: tuple[Category, ...] = (
     Category(
@@ -80,30 +101,31 @@ CATEGORIES: tuple[Category, ...] = (
         "capacity",
         "the KV block count cannot serve one full-length request",
         (
-            r"KV cache too small:",
+            # vllm-spyre's own refusal at start; it raises a plain ValueError.
             r"Number of pages available on Spyre",
             _EXC + r"CapacityError:",
         ),
+        families=(checks.CAPACITY,),
     ),
     Category(
         "recompute",
         "requests were preempted and recomputed, or the full batch the check needs never ran",
-        (r"recompute:", r"full batch never reached:"),
+        families=(checks.NO_PREEMPTION, checks.FULL_BATCH, checks.PREEMPTION_SEEN),
     ),
     Category(
         "block leak",
         "a KV-ledger invariant broke: blocks leaked, double-owned or not returned",
-        (r"kv invariant \S+ broken at step", r"after warmup: \["),
+        families=(checks.KV_LEDGER, checks.DUMMY_PADDING),
     ),
     Category(
         "token mismatch",
         "greedy tokens differ from the CPU reference beyond the near-tie rule",
-        (r"token mismatch:",),
+        families=(checks.TOKEN_EQUALITY,),
     ),
     Category(
         "engine crash / harness error",
         "the engine failed to start, died or refused a call, or the harness refused the"
-        " configuration",
+        " configuration or recorded nothing to check",
         (
             r"failed to start with model",
             r"died with exit code",
@@ -111,10 +133,10 @@ CATEGORIES: tuple[Category, ...] = (
             r"connection broken",
             r"is not running \(exit code",
             r"exited with code -?\d+ before connecting",
-            r"kv ledger: no KV snapshots",
             _EXC + r"Engine\w*(?:Error|Crashed):",
             _EXC + r"ConfigError:",
         ),
+        checks=(checks.KV_LEDGER_UNRECORDED,),
     ),
     # Any other exception than an assertion is the harness's or the stack's error.
     Category(
@@ -129,7 +151,7 @@ CATEGORIES: tuple[Category, ...] = (
 def category_regex(index: int, categories: tuple[Category, ...] = CATEGORIES) -> str:
     """The full-match regex of ``categories[index]``, excluding every earlier category."""
     guards = "".join(
-        f"(?!{c.own_regex()})" for c in categories[:index] if c.fragments
+        f"(?!{c.own_regex()})" for c in categories[:index] if c.own_regex()
     )
     own = categories[index].own_regex()
     return f"(?s){guards}{own}.*"
@@ -159,9 +181,20 @@ _COMPILED: list[tuple[Category, re.Pattern[str]]] = [
 ]
 
 
-def classify(status: str, message: str | None) -> str | None:
-    """The category name of a result with this status and message, as Allure will
-    file it; None for a pass, or a failure no category claims."""
+def category_of_check(status: str, check: str) -> str | None:
+    """The category that owns the failed check ``check`` (None: no category does)."""
+    for cat in CATEGORIES:
+        if status in cat.statuses and cat.owns_check(check):
+            return cat.name
+    return None
+
+
+def classify(status: str, message: str | None, check: str | None = None) -> str | None:
+    """The category name of a result: by the failing verdict's ``check`` when the result
+    records one, else as Allure files its message; None for a pass, or a failure no
+    category claims."""
+    if check:
+        return category_of_check(status, check)
     text = message or ""
     for cat, rx in _COMPILED:
         if status in cat.statuses and rx.fullmatch(text):

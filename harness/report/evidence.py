@@ -1,16 +1,19 @@
 """Evidence of one test: what the session ran and saw, collected from its listener events.
 
-``CallEvidence`` is registered in ``HilSession.listeners`` for the duration of
+``CallEvidence`` is a ``SessionListener`` added to the session for the duration of
 one test's call phase; the report plugin turns it into steps and attachments.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_UNSET: Any = object()
+from harness.checks.verdict import KV_LEDGER, Verdict
+from harness.listeners import SessionListener
+from harness.trace import KvSnapshot, Trace
 
 
 @dataclass
@@ -19,59 +22,68 @@ class ScenarioRun:
 
     config: Any
     scenario: Any
-    trace: Any = None  # harness.trace.Trace, once the engine answered
-    reference: Any = None
-    comparison: Any = None  # harness.compare.TraceComparison
-    ledger_report: Any = _UNSET  # str | None once the ledger was checked
+    trace: Trace | None = None  # once the engine answered
+    reference: Trace | None = None
+    comparison: Any = None  # harness.checks.tokens.TraceComparison
+    decode: Callable[[list[int]], str] | None = None  # the model's, for the token diff page
+    verdicts: list[Verdict] = field(default_factory=list)
 
     @property
-    def ledger_checked(self) -> bool:
-        return self.ledger_report is not _UNSET
+    def ledger(self) -> Verdict | None:
+        """The KV ledger verdict of this run, once checked."""
+        return next((v for v in self.verdicts if v.family == KV_LEDGER), None)
 
 
-@dataclass
-class CallEvidence:
+class CallEvidence(SessionListener):
     """Everything the session reported during one test."""
 
-    runs: list[ScenarioRun] = field(default_factory=list)
-    snapshots: list[tuple[Any, list[dict[str, Any]]]] = field(default_factory=list)
-    # Engine log file -> byte offset when this test first called that engine.
-    logs: dict[Path, int] = field(default_factory=dict)
-    configs: list[Any] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.runs: list[ScenarioRun] = []
+        self.snapshots: list[tuple[Any, list[KvSnapshot]]] = []
+        # Engine log file -> byte offset when this test first called that engine.
+        self.logs: dict[Path, int] = {}
+        self.configs: list[Any] = []
+        self.verdicts: list[Verdict] = []
 
-    def __call__(self, event: str, data: dict[str, Any]) -> None:
-        handler = getattr(self, f"_on_{event}", None)
-        if handler is not None:
-            handler(**data)
-
-    def _on_scenario(self, config: Any, scenario: Any) -> None:
+    def on_scenario(self, config: Any, scenario: Any) -> None:
         self.runs.append(ScenarioRun(config=config, scenario=scenario))
         self._config(config)
 
-    def _on_engine(self, config: Any, log_path: Path, log_offset: int) -> None:
+    def on_engine(self, config: Any, log_path: Path, log_offset: int) -> None:
         self.logs.setdefault(Path(log_path), int(log_offset))
         self._config(config)
 
-    def _on_trace(self, config: Any, scenario: Any, trace: Any) -> None:
+    def on_trace(self, config: Any, scenario: Any, trace: Trace) -> None:
         run = self._run_of_scenario(scenario, config)
         run.trace = trace
 
-    def _on_kv_snapshot(self, config: Any, snapshots: list[dict[str, Any]]) -> None:
+    def on_kv_snapshot(self, config: Any, snapshots: list[KvSnapshot]) -> None:
         self.snapshots.append((config, snapshots))
         self._config(config)
 
-    def _on_comparison(self, scenario: Any, reference: Any, trace: Any, verdict: Any) -> None:
+    def on_comparison(
+        self, scenario: Any, reference: Trace, trace: Trace, comparison: Any,
+        decode: Callable[[list[int]], str] | None,
+    ) -> None:
         run = self._run_of_trace(trace) or self._run_of_scenario(scenario, None)
-        run.reference, run.comparison = reference, verdict
+        run.reference, run.comparison, run.decode = reference, comparison, decode
         if run.trace is None:
             run.trace = trace
 
-    def _on_ledger(self, trace: Any, report: str | None) -> None:
+    def on_verdict(self, verdict: Verdict, trace: Trace | None) -> None:
+        self.verdicts.append(verdict)
+        if trace is None:
+            return
         run = self._run_of_trace(trace)
         if run is None:
             run = ScenarioRun(config=None, scenario=None, trace=trace)
             self.runs.append(run)
-        run.ledger_report = report
+        run.verdicts.append(verdict)
+
+    @property
+    def failed_verdict(self) -> Verdict | None:
+        """The first verdict that failed in this test."""
+        return next((v for v in self.verdicts if not v.ok), None)
 
     # -- lookups ------------------------------------------------------------
     def _config(self, config: Any) -> None:
@@ -91,7 +103,7 @@ class CallEvidence:
 
     @property
     def empty(self) -> bool:
-        return not (self.runs or self.snapshots or self.logs)
+        return not (self.runs or self.snapshots or self.logs or self.verdicts)
 
     def first_scenario(self) -> tuple[Any, Any]:
         """(scenario, config) of the first run that has a scenario, else (None, None)."""
@@ -103,7 +115,7 @@ class CallEvidence:
     def first_trace_info(self) -> dict[str, Any]:
         for r in self.runs:
             if r.trace is not None:
-                return dict(getattr(r.trace, "info", {}) or {})
+                return dict(r.trace.info or {})
         return {}
 
 
@@ -126,17 +138,17 @@ def run_steps_of(run: ScenarioRun) -> StepInfo:
     name = getattr(scenario, "name", "?")
     requests = list(getattr(scenario, "requests", []) or [])
     diffs = {d.request_id: d for d in getattr(run.comparison, "diffs", [])}
+    ledger = run.ledger
     head = StepInfo(title=f"run {name} on {label}: {len(requests)} requests")
     if trace is not None:
-        steps = len(getattr(trace, "engine_steps", []) or [])
+        steps = len(trace.steps)
         if steps:
             head.title += f", {steps} engine steps"
     else:
         head.title += " (no answer from the engine)"
         head.broken = True
-    if run.ledger_checked:
-        head.params["kv ledger"] = "all invariants held" if run.ledger_report is None else (
-            str(run.ledger_report).splitlines()[0])
+    if ledger is not None:
+        head.params["kv ledger"] = "all invariants held" if ledger.ok else ledger.why
     for r in requests:
         out = trace.requests.get(r.request_id) if trace is not None else None
         params = {
@@ -161,14 +173,13 @@ def run_steps_of(run: ScenarioRun) -> StepInfo:
                 step.title += f", preempted {out.num_preemptions}x"
         d = diffs.get(r.request_id)
         if d is not None:
-            params["verdict"] = d.verdict.value
+            params["verdict"] = d.outcome.value
             where = "" if d.position is None else f" at position {d.position}"
-            step.title += f": {d.verdict.value}{where}"
+            step.title += f": {d.outcome.value}{where}"
             if not d.ok:
                 step.failure = f"token mismatch: request {r.request_id!r}{where}: {d.detail}"
         head.children.append(step)
     failures = [c.failure for c in head.children if c.failure]
-    if run.ledger_checked and run.ledger_report:
-        failures.insert(0, str(run.ledger_report).splitlines()[0])
+    failures[:0] = [v.why for v in run.verdicts if not v.ok and v.check != "token_equality"]
     head.failure = "; ".join(failures) or None
     return head

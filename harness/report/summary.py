@@ -63,7 +63,7 @@ def summarize(tests: list[dict[str, Any]], problems: list[str] | None = None) ->
         status = str(t.get("status") or "unknown")
         s.statuses[status] += 1
         message = message_of(t)
-        category = classify(status, message)
+        category = classify(status, message, check=(labels_of(t).get("check") or [None])[0])
         if status == SKIPPED:
             if category:
                 s.skipped_by_category[category] += 1

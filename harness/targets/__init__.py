@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING
 
-from harness.engine_config import ConfigError, EngineConfig
+from harness.engine.config import ConfigError, EngineConfig
 from harness.targets.base import DeviceKind, TargetKind, TargetVariant, VllmTarget
 
 if TYPE_CHECKING:

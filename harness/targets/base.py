@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from harness.engine_config import ConfigError, EngineConfig, WarmupShape
+from harness.engine.config import ConfigError, EngineConfig, WarmupShape
 
 if TYPE_CHECKING:
     from harness.lab.devices import DeviceScan

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.engine_config import ConfigError, EngineConfig
+from harness.engine.config import ConfigError, EngineConfig
 from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
 
 if TYPE_CHECKING:

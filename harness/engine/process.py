@@ -1,8 +1,9 @@
 """The engine side of EngineHost: runs inside the engine's own process.
 
-Started as ``python -m harness.engine_process ADDRESS`` with the target's
+Started as ``python -m harness.engine.process ADDRESS`` with the target's
 environment already applied; vLLM is imported only after fault hooks ran, so
-a hook can patch vLLM or a plugin before the engine is built.
+a hook can patch vLLM or a plugin before the engine is built. Commands build
+typed records (``harness.trace``) and serialise them only when answering.
 """
 
 from __future__ import annotations
@@ -12,6 +13,16 @@ import sys
 import traceback
 from multiprocessing.connection import Client, Connection
 from typing import Any
+
+from harness.serialise import snapshot_to_dict, trace_to_dict
+from harness.trace import (
+    SOURCE_VLLM_SCHEDULER,
+    KvSnapshot,
+    RequestTrace,
+    StepRecord,
+    TokenStep,
+    Trace,
+)
 
 
 def _error(e: BaseException) -> tuple[str, dict[str, str]]:
@@ -36,25 +47,27 @@ def metric_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
-def request_result(
+def request_trace(
     request_id: str, out: Any, fallback_prompt: list[int], num_preemptions: int = 0
-) -> dict[str, Any]:
-    """A vLLM RequestOutput as a RequestTrace dict (tokens with top-k logprobs)."""
+) -> RequestTrace:
+    """A vLLM RequestOutput as a RequestTrace (tokens with top-k logprobs)."""
     comp = out.outputs[0]
     steps = []
     for pos, tid in enumerate(comp.token_ids):
         lp_map = comp.logprobs[pos] if comp.logprobs else {}
         top = {int(t): float(lp.logprob) for t, lp in lp_map.items()}
-        steps.append(
-            {"token_id": int(tid), "logprob": top.get(int(tid), float("nan")), "top_logprobs": top}
-        )
-    return {
-        "request_id": request_id,
-        "prompt_token_ids": list(out.prompt_token_ids or fallback_prompt),
-        "steps": steps,
-        "num_preemptions": num_preemptions,
-        "finish_reason": comp.finish_reason,
-    }
+        steps.append(TokenStep(int(tid), top.get(int(tid), float("nan")), top))
+    return RequestTrace(
+        request_id=request_id,
+        prompt_token_ids=list(out.prompt_token_ids or fallback_prompt),
+        steps=steps,
+        num_preemptions=num_preemptions,
+        finish_reason=comp.finish_reason,
+    )
+
+
+def _answer(trace: Trace, compute_seconds: float) -> dict[str, Any]:
+    return {"trace": trace_to_dict(trace), "compute_seconds": compute_seconds}
 
 
 class EngineSide:
@@ -62,7 +75,7 @@ class EngineSide:
 
     def __init__(self, config: dict[str, Any], llm_kwargs: dict[str, Any]) -> None:
         self.config = config
-        from harness import faults
+        from harness.engine import faults
 
         device = os.environ.get("HIL_DEVICE_ID", "cpu (shared)")
         print(f"[hil] engine {config.get('target')} {config.get('mode') or ''} on device {device}",
@@ -106,15 +119,13 @@ class EngineSide:
             "pid": os.getpid(),
         }
         try:
-            from harness.kv import SOURCE_VLLM_SCHEDULER
-
-            snaps = self.kv_snapshot()
-            real = [k for k in snaps if k["source"] != SOURCE_VLLM_SCHEDULER] or snaps
+            snaps = self.snapshots()
+            real = [k for k in snaps if k.source != SOURCE_VLLM_SCHEDULER] or snaps
             if real:
-                info["kv_source"] = real[-1]["source"]
-                info["kv_num_blocks"] = real[-1]["num_blocks"]
-                info["kv_block_size"] = real[-1].get("block_size")
-                info["kv_pad_blocks"] = len(real[-1].get("pad_blocks") or [])
+                info["kv_source"] = real[-1].source
+                info["kv_num_blocks"] = real[-1].num_blocks
+                info["kv_block_size"] = real[-1].block_size
+                info["kv_pad_blocks"] = len(real[-1].pad_blocks)
         except Exception as e:  # the ledger is optional for serving; say why it is absent
             info["kv_error"] = repr(e)
         try:
@@ -147,12 +158,10 @@ class EngineSide:
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.drain()  # leave the engine idle for the next test
         after = metric_values(self.llm)
-        results = [
-            request_result(r["request_id"], out, r["prompt_token_ids"])
-            for r, out in zip(reqs, outputs, strict=True)
-        ]
-        return {"requests": results, "metrics": metric_delta(before, after),
-                "compute_seconds": self.compute_seconds - compute0}
+        trace = Trace(target="", metrics=metric_delta(before, after))
+        for r, out in zip(reqs, outputs, strict=True):
+            trace.requests[r["request_id"]] = request_trace(r["request_id"], out, r["prompt_token_ids"])
+        return _answer(trace, self.compute_seconds - compute0)
 
     # -- step-driven runs -----------------------------------------------------
     def _engine_core(self) -> Any:
@@ -194,11 +203,15 @@ class EngineSide:
                 raise RuntimeError("engine did not become idle within 100 steps after its requests finished")
         return steps
 
-    def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
+    def snapshots(self) -> list[KvSnapshot]:
         """The KV ledgers of this engine right now (scheduler, and runner where it has one)."""
-        from harness.kv import snapshot_engine
+        from harness.engine.probes import snapshot_engine
 
-        return [s.to_dict() for s in snapshot_engine(self._engine_core())]
+        return snapshot_engine(self._engine_core())
+
+    def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
+        """``snapshots()`` for the host."""
+        return [snapshot_to_dict(s) for s in self.snapshots()]
 
     def run_steps(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Drive requests through the engine one step at a time, recording each step.
@@ -219,14 +232,21 @@ class EngineSide:
         sched_outputs = self._capture_schedule()
         runner = self._model_runner()
 
-        def kv() -> list[dict[str, Any]]:
+        def scenario_id(engine_id: str) -> str:  # engine ids carry a suffix
+            return internal.get(engine_id, engine_id)
+
+        def scenario_ids(ids: Any) -> list[str]:
+            return [scenario_id(str(i)) for i in ids or ()]
+
+        def kv() -> list[KvSnapshot]:
             if not probe:
                 return []
-            snaps = self.kv_snapshot()
-            for snap in snaps:  # engine ids carry a suffix; report scenario ids
-                for field in ("owned", "reserved"):
-                    if snap.get(field):
-                        snap[field] = {internal.get(k, k): v for k, v in snap[field].items()}
+            snaps = self.snapshots()
+            for snap in snaps:
+                snap.owned = {scenario_id(k): v for k, v in snap.owned.items()}
+                if snap.reserved is not None:
+                    snap.reserved = {scenario_id(k): v for k, v in snap.reserved.items()}
+                snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
             return snaps
 
         pending = sorted(payload["requests"], key=lambda r: int(r.get("arrival_step", 0)))
@@ -236,17 +256,8 @@ class EngineSide:
         self.drain()  # the initial snapshot must be an idle point
         before = metric_values(self.llm)
         compute0 = self.compute_seconds
-        initial = {
-            "step": -1,
-            "running": [],
-            "waiting": [],
-            "finished": [],
-            "preempted": [],
-            "delivered_finished": [],
-            "tkv": getattr(runner, "tkv", None),
-            "kv": kv(),
-        }
-        steps: list[dict[str, Any]] = []
+        initial = StepRecord(step=-1, tkv=getattr(runner, "tkv", None), kv=kv())
+        steps: list[StepRecord] = []
         step = 0
         while pending or sched.has_requests():
             while pending and int(pending[0].get("arrival_step", 0)) <= step:
@@ -267,29 +278,27 @@ class EngineSide:
             outs = engine.step() if sched.has_requests() else []
             so = sched_outputs[-1] if len(sched_outputs) > n_sched else None
             for rid, req in sched.requests.items():
-                preemptions[internal.get(rid, rid)] = int(getattr(req, "num_preemptions", 0))
+                preemptions[scenario_id(rid)] = int(getattr(req, "num_preemptions", 0))
             finished_now = []
             for o in outs:
                 if o.finished:
                     finals[o.request_id] = o
-                    finished_now.append(internal.get(o.request_id, o.request_id))
+                    finished_now.append(scenario_id(o.request_id))
             steps.append(
-                {
-                    "step": step,
-                    "scheduled": so is not None,
-                    "running": [internal.get(r.request_id, r.request_id) for r in sched.running],
-                    "waiting": [internal.get(r.request_id, r.request_id) for r in sched.waiting],
-                    "finished": finished_now,
-                    "preempted": sorted(
-                        internal.get(i, i) for i in (getattr(so, "preempted_req_ids", None) or ())
-                    ),
-                    "delivered_finished": sorted(
-                        internal.get(i, i) for i in (getattr(so, "finished_req_ids", None) or ())
-                    ),
-                    "num_scheduled_tokens": int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
-                    "tkv": getattr(runner, "tkv", None),
-                    "kv": kv(),
-                }
+                StepRecord(
+                    step=step,
+                    scheduled=so is not None,
+                    running=scenario_ids(r.request_id for r in sched.running),
+                    waiting=scenario_ids(r.request_id for r in sched.waiting),
+                    finished=finished_now,
+                    preempted=sorted(scenario_ids(getattr(so, "preempted_req_ids", None))),
+                    delivered_finished=sorted(scenario_ids(getattr(so, "finished_req_ids", None))),
+                    preemptions={scenario_id(rid): int(getattr(req, "num_preemptions", 0))
+                                 for rid, req in sched.requests.items()},
+                    num_scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
+                    tkv=getattr(runner, "tkv", None),
+                    kv=kv(),
+                )
             )
             step += 1
             if step > max_steps:
@@ -299,18 +308,12 @@ class EngineSide:
                     f" {[r.request_id for r in sched.waiting]}"
                 )
         after = metric_values(self.llm)
-        results = [
-            request_result(sid, out, [], preemptions.get(sid, 0))
-            for sid, out in ((internal.get(rid, rid), out) for rid, out in finals.items())
-        ]
-        return {
-            "requests": results,
-            "metrics": metric_delta(before, after),
-            "initial": initial,
-            "steps": steps,
-            "idle": not sched.has_requests(),
-            "compute_seconds": self.compute_seconds - compute0,
-        }
+        trace = Trace(target="", steps=steps, initial=initial,
+                      idle_at_end=not sched.has_requests(), metrics=metric_delta(before, after))
+        for rid, out in finals.items():
+            sid = scenario_id(rid)
+            trace.requests[sid] = request_trace(sid, out, [], preemptions.get(sid, 0))
+        return _answer(trace, self.compute_seconds - compute0)
 
     def metrics(self, _payload: Any = None) -> dict[str, float]:
         return metric_values(self.llm)

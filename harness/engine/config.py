@@ -29,7 +29,7 @@ class WarmupShape:
 class EngineConfig:
     """Everything that decides how an engine is built.
 
-    ``faults`` lists fault specs (see ``harness.faults``) installed inside the
+    ``faults`` lists fault specs (see ``harness.engine.faults``) installed inside the
     engine process before the engine starts, to prove checks can fail; a fault
     makes the configuration distinct, so a faulty engine never serves a clean test.
     """

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from harness.engine_config import ConfigError, EngineConfig
+from harness.checks.verdict import CAPACITY, Verdict
+from harness.engine.config import ConfigError, EngineConfig
 
 PAD_BLOCKS = 1
 
@@ -101,11 +102,43 @@ def preflight_config(cfg: EngineConfig) -> None:
     preflight(need, cfg.num_blocks_override, "num_gpu_blocks_override")
 
 
+@dataclass(frozen=True)
+class KvPool:
+    """The KV pool an engine decided on, from the ledger it reported at start."""
+
+    num_blocks: int
+    block_size: int
+    pad_blocks: int
+    source: str
+
+    @classmethod
+    def from_engine_info(cls, info: dict[str, Any]) -> KvPool | None:
+        """None when the engine reported no readable ledger (``kv_error`` says why)."""
+        n, size = info.get("kv_num_blocks"), info.get("kv_block_size")
+        if not n or not size:
+            return None
+        return cls(num_blocks=int(n), block_size=int(size),
+                   pad_blocks=int(info.get("kv_pad_blocks", PAD_BLOCKS)),
+                   source=str(info.get("kv_source")))
+
+
+def check_pool_serves_full_batch(need: BlockNeed, num_blocks: int) -> Verdict:
+    """``num_blocks`` serve one full-length request and a full batch without preemption."""
+    if num_blocks < need.one_request:
+        why = (f"KV cache too small: {num_blocks} blocks cannot serve one full-length request:"
+               f" {need.explain()} = {need.one_request} blocks")
+        return Verdict.failed(CAPACITY, why)
+    short = full_batch_shortfall(need, num_blocks)
+    if short is not None:
+        return Verdict.failed(CAPACITY, f"KV cache too small for a full batch: {short}")
+    return Verdict.passed(CAPACITY, f"{num_blocks} blocks >= {need.full_batch} for a full batch")
+
+
 def check_capacity(cfg: EngineConfig, info: dict[str, Any]) -> None:
     """After start: the block count the device decided must serve one full-length request."""
-    n, size = info.get("kv_num_blocks"), info.get("kv_block_size")
-    if not n or not size:
+    pool = KvPool.from_engine_info(info)
+    if pool is None:
         return
     need = blocks_needed(int(info.get("max_model_len", cfg.max_model_len)), cfg.max_num_seqs,
-                         int(size), pad_blocks=int(info.get("kv_pad_blocks", PAD_BLOCKS)))
-    preflight(need, int(n), f"reported by the {cfg.label} engine ({info.get('kv_source')})")
+                         pool.block_size, pad_blocks=pool.pad_blocks)
+    preflight(need, pool.num_blocks, f"reported by the {cfg.label} engine ({pool.source})")

@@ -25,11 +25,11 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from harness.engine_config import EngineConfig
+from harness.engine.config import EngineConfig
 
 log = logging.getLogger("harness.engine")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_TAIL_LINES = 60
 
 
@@ -113,7 +113,7 @@ class EngineHost:
         self._logfile = open(self.log_path, "ab")
         started = time.monotonic()
         self.proc = subprocess.Popen(
-            [python or sys.executable, "-m", "harness.engine_process", address],
+            [python or sys.executable, "-m", "harness.engine.process", address],
             env=child_env,
             stdin=subprocess.DEVNULL,
             stdout=self._logfile,

@@ -31,12 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from harness.checks.verdict import TOKEN_EQUALITY, Verdict
 from harness.trace import RequestTrace, TokenStep, Trace
 
-# How many tokens before the divergence a report shows.
-CONTEXT_TOKENS = 8
-# How many characters of prompt text a report shows.
-PROMPT_CHARS = 120
 # Absorbs exp/log rounding so a gap exactly at prob_tol is accepted.
 _GAP_EPS = 1e-12
 
@@ -59,8 +56,8 @@ class NearTiePolicy:
         return f"top_k={self.top_k}, prob_tol={self.prob_tol:g}"
 
 
-class Verdict(Enum):
-    """Outcome of comparing one request."""
+class TokenOutcome(Enum):
+    """Outcome of comparing one request's tokens (a check's result is a ``Verdict``)."""
 
     EXACT = "exact"
     NEAR_TIE = "near-tie"
@@ -88,7 +85,7 @@ class TokenDiff:
     """
 
     request_id: str
-    verdict: Verdict
+    outcome: TokenOutcome
     position: int | None = None
     num_compared: int = 0
     ref_token_id: int | None = None
@@ -115,7 +112,7 @@ class TokenDiff:
     @property
     def ok(self) -> bool:
         """True iff the device output is accepted (exact or near-tie)."""
-        return self.verdict in (Verdict.EXACT, Verdict.NEAR_TIE)
+        return self.outcome in (TokenOutcome.EXACT, TokenOutcome.NEAR_TIE)
 
     @property
     def ref_prob(self) -> float | None:
@@ -185,6 +182,16 @@ def _near_tie_failures(
     return reasons
 
 
+def _fmt_p(p: float | None) -> str:
+    if p is None:
+        return "?"
+    return f"{p:.4f}" if p == 0 or p >= 1e-4 else f"{p:.2e}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word if n == 1 else word + 's'}"
+
+
 def compare_request(
     ref: RequestTrace, dev: RequestTrace, policy: NearTiePolicy = NearTiePolicy()
 ) -> TokenDiff:
@@ -215,7 +222,7 @@ def compare_request(
             min(len(ref.prompt_token_ids), len(dev.prompt_token_ids)),
         )
         return TokenDiff(
-            verdict=Verdict.PROMPT_MISMATCH,
+            outcome=TokenOutcome.PROMPT_MISMATCH,
             detail=(
                 f"prompt token ids differ (reference {len(ref.prompt_token_ids)} "
                 f"tokens, device {len(dev.prompt_token_ids)} tokens, first "
@@ -230,12 +237,12 @@ def compare_request(
 
     if pos is None:
         if len(ref_ids) == len(dev_ids):
-            return TokenDiff(verdict=Verdict.EXACT, num_compared=common, **base)
+            return TokenDiff(outcome=TokenOutcome.EXACT, num_compared=common, **base)
         longer = ref if len(ref_ids) > len(dev_ids) else dev
         step = longer.steps[common]
         side = "reference" if longer is ref else "device"
         return TokenDiff(
-            verdict=Verdict.LENGTH_MISMATCH,
+            outcome=TokenOutcome.LENGTH_MISMATCH,
             position=common,
             num_compared=common,
             ref_token_id=step.token_id if longer is ref else None,
@@ -256,7 +263,7 @@ def compare_request(
     reasons = _near_tie_failures(r_step, d_step, policy)
     near_tie = not reasons
     return TokenDiff(
-        verdict=Verdict.NEAR_TIE if near_tie else Verdict.MISMATCH,
+        outcome=TokenOutcome.NEAR_TIE if near_tie else TokenOutcome.MISMATCH,
         position=pos,
         num_compared=pos + 1,
         ref_token_id=r_step.token_id,
@@ -279,20 +286,6 @@ def compare_request(
     )
 
 
-def _fmt_p(p: float | None) -> str:
-    if p is None:
-        return "?"
-    return f"{p:.4f}" if p == 0 or p >= 1e-4 else f"{p:.2e}"
-
-
-def _fmt_lp(lp: float | None) -> str:
-    return "?" if lp is None else f"{lp:.4f}"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word if n == 1 else word + 's'}"
-
-
 @dataclass
 class TraceComparison:
     """All per-request comparisons of a device trace against a reference trace.
@@ -306,8 +299,6 @@ class TraceComparison:
     policy: NearTiePolicy
     diffs: list[TokenDiff]
     extra_request_ids: list[str] = field(default_factory=list)
-    decode: Callable[[list[int]], str] | None = None
-    prompts: dict[str, str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -317,7 +308,7 @@ class TraceComparison:
     @property
     def near_ties(self) -> list[TokenDiff]:
         """Requests accepted only as near-ties."""
-        return [d for d in self.diffs if d.verdict is Verdict.NEAR_TIE]
+        return [d for d in self.diffs if d.outcome is TokenOutcome.NEAR_TIE]
 
     @property
     def failures(self) -> list[TokenDiff]:
@@ -326,185 +317,45 @@ class TraceComparison:
 
     def summary(self) -> str:
         """One line, e.g. ``12 requests: 11 exact, 1 near-tie, 0 mismatched``."""
-        exact = sum(d.verdict is Verdict.EXACT for d in self.diffs)
+        exact = sum(d.outcome is TokenOutcome.EXACT for d in self.diffs)
         line = (
             f"{_plural(len(self.diffs), 'request')}: {exact} exact, "
             f"{_plural(len(self.near_ties), 'near-tie')}, "
             f"{len(self.failures)} mismatched"
         )
         kinds = [
-            (Verdict.MISMATCH, "token"),
-            (Verdict.LENGTH_MISMATCH, "length"),
-            (Verdict.MISSING, "missing"),
-            (Verdict.PROMPT_MISMATCH, "prompt"),
+            (TokenOutcome.MISMATCH, "token"),
+            (TokenOutcome.LENGTH_MISMATCH, "length"),
+            (TokenOutcome.MISSING, "missing"),
+            (TokenOutcome.PROMPT_MISMATCH, "prompt"),
         ]
-        counts = [(sum(d.verdict is v for d in self.diffs), name) for v, name in kinds]
+        counts = [(sum(d.outcome is v for d in self.diffs), name) for v, name in kinds]
         if any(n and name != "token" for n, name in counts):
             line += " (" + ", ".join(f"{n} {name}" for n, name in counts if n) + ")"
         return line
 
-    def report(self) -> str:
-        """Multi-line text: one block per failure, then per near-tie, then the summary.
-
-        Failure blocks start with ``token mismatch:`` and near-tie blocks with
-        ``near-tie accepted:``, so the first line categorises the whole report.
-        """
-        blocks = [self._render(d) for d in self.failures]
-        blocks += [self._render(d) for d in self.near_ties]
-        if self.extra_request_ids:
-            blocks.append(
-                f"device {self.dev_target} returned requests absent from the "
-                f"reference: {', '.join(map(repr, self.extra_request_ids))}"
-            )
-        blocks.append(
-            f"{self.dev_target} vs {self.ref_target} reference: {self.summary()}"
-        )
-        return "\n".join(blocks)
-
-    def _text(self, ids: list[int]) -> str:
-        """`` <repr of decoded text>`` with a leading space, or "" without a decoder."""
-        if self.decode is None:
-            return ""
-        # A broken decoder must not hide the failure being reported.
-        try:
-            return " " + repr(self.decode(ids))
-        except Exception as exc:  # noqa: BLE001
-            return f" <decode failed: {exc!r}>"
-
-    def _prompt_line(self, d: TokenDiff) -> str:
-        n = len(d.prompt_token_ids)
-        text: str | None = None
-        if self.prompts is not None and d.request_id in self.prompts:
-            text = self.prompts[d.request_id]
-        elif self.decode is not None and d.prompt_token_ids:
-            # Fall back to ids rather than lose the report to a broken decoder.
-            try:
-                text = self.decode(d.prompt_token_ids)
-            except Exception:  # noqa: BLE001
-                text = None
-        if text is None:
-            head = d.prompt_token_ids[:16]
-            more = " ..." if n > len(head) else ""
-            return f"  prompt ({_plural(n, 'token')}): ids {head}{more}"
-        shown = repr(text[:PROMPT_CHARS]) + (" ..." if len(text) > PROMPT_CHARS else "")
-        return f"  prompt ({_plural(n, 'token')}): {shown}"
-
-    def _token_line(
+    def verdict(
         self,
-        label: str,
-        token: int | None,
-        logprob: float | None,
-        other: str,
-        rank_in_other: int | None,
-        logprob_in_other: float | None,
-        other_top_n: int,
-    ) -> str:
-        if token is None:
-            return f"  {label}: no token at this position"
-        line = (
-            f"  {label}: token {token}{self._text([token])} "
-            f"logprob {_fmt_lp(logprob)} (p={_fmt_p(_exp(logprob))})"
-        )
-        if other_top_n:
-            if rank_in_other is None:
-                line += (
-                    f"; in {other} distribution: not in its recorded top-{other_top_n}"
-                )
-            else:
-                line += (
-                    f"; in {other} distribution: rank {rank_in_other}, "
-                    f"logprob {_fmt_lp(logprob_in_other)} "
-                    f"(p={_fmt_p(_exp(logprob_in_other))})"
-                )
-        return line
+        decode: Callable[[list[int]], str] | None = None,
+        prompts: dict[str, str] | None = None,
+    ) -> Verdict:
+        """The token-equality verdict; ``decode`` and ``prompts`` only add text to it."""
+        from harness.render.token_diff import render_comparison
 
-    def _context_line(self, d: TokenDiff) -> str:
-        pre = d.preceding_token_ids
-        if not pre:
-            return "  preceding tokens: none (divergence at the first generated token)"
-        last = pre[-CONTEXT_TOKENS:]
-        return (
-            f"  last {len(last)} of {len(pre)} preceding tokens: "
-            f"ids {last}{self._text(last)}"
-        )
-
-    def _render(self, d: TokenDiff) -> str:
-        rid = repr(d.request_id)
-        ref_label = f"reference ({self.ref_target})"
-        dev_label = f"device ({self.dev_target})"
-        if d.verdict is Verdict.MISSING:
-            head = (
-                f"token mismatch: request {rid} missing from {self.dev_target} "
-                f"output (reference generated {_plural(d.ref_num_tokens, 'token')})"
-            )
-            return "\n".join([head, self._prompt_line(d)])
-        if d.verdict is Verdict.PROMPT_MISMATCH:
-            return "\n".join(
-                [f"token mismatch: request {rid}: {d.detail}", self._prompt_line(d)]
-            )
-        if d.verdict is Verdict.LENGTH_MISMATCH:
-            head = (
-                f"token mismatch: request {rid} length differs: reference "
-                f"{_plural(d.ref_num_tokens, 'token')} (finish {d.ref_finish_reason}), "
-                f"device {_plural(d.dev_num_tokens or 0, 'token')} "
-                f"(finish {d.dev_finish_reason}); {d.detail}"
-            )
-        elif d.verdict is Verdict.NEAR_TIE:
-            head = (
-                f"near-tie accepted: request {rid} at position {d.position} "
-                f"({self.policy.describe()}); positions after {d.position} not compared"
-            )
-        else:
-            head = (
-                f"token mismatch: request {rid} at position {d.position} "
-                f"({_plural(d.position or 0, 'position')} equal before it); "
-                f"positions after {d.position} not compared"
-            )
-        lines = [
-            head,
-            self._prompt_line(d),
-            self._token_line(
-                ref_label,
-                d.ref_token_id,
-                d.ref_logprob,
-                "device",
-                d.ref_rank_in_dev,
-                d.ref_logprob_in_dev,
-                d.dev_top_n,
-            ),
-            self._token_line(
-                dev_label,
-                d.dev_token_id,
-                d.dev_logprob,
-                "reference",
-                d.dev_rank_in_ref,
-                d.dev_logprob_in_ref,
-                d.ref_top_n,
-            ),
-        ]
-        if d.verdict in (Verdict.MISMATCH, Verdict.NEAR_TIE):
-            lines.append(
-                f"  probability gaps: in reference {_fmt_p(d.ref_gap)}, "
-                f"in device {_fmt_p(d.dev_gap)} (tolerance {self.policy.prob_tol:g})"
-            )
-        if d.verdict is Verdict.MISMATCH:
-            lines.append(f"  {d.detail}")
-        lines.append(self._context_line(d))
-        return "\n".join(lines)
+        if self.ok:
+            return Verdict.passed(TOKEN_EQUALITY, self.summary())
+        first = self.failures[0]
+        details = render_comparison(self, decode, prompts)
+        return Verdict.failed(TOKEN_EQUALITY, details.splitlines()[0], at=first.position,
+                              details=details)
 
 
 def compare_traces(
     ref: Trace,
     dev: Trace,
     policy: NearTiePolicy = NearTiePolicy(),
-    decode: Callable[[list[int]], str] | None = None,
-    prompts: dict[str, str] | None = None,
 ) -> TraceComparison:
-    """Compare every reference request with the device's request of the same id.
-
-    ``decode`` turns token ids into text and ``prompts`` maps request id to
-    prompt text; both only affect ``report()``.
-    """
+    """Compare every reference request with the device's request of the same id."""
     diffs = []
     for rid, r in ref.requests.items():
         d = dev.requests.get(rid)
@@ -512,7 +363,7 @@ def compare_traces(
             diffs.append(
                 TokenDiff(
                     request_id=rid,
-                    verdict=Verdict.MISSING,
+                    outcome=TokenOutcome.MISSING,
                     prompt_token_ids=list(r.prompt_token_ids),
                     ref_num_tokens=len(r.steps),
                     ref_finish_reason=r.finish_reason,
@@ -531,6 +382,4 @@ def compare_traces(
         policy=policy,
         diffs=diffs,
         extra_request_ids=extra,
-        decode=decode,
-        prompts=prompts,
     )

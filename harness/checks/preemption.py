@@ -11,10 +11,10 @@ Two things are asserted, separately, because each alone can lie:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from harness.kv import format_step_table
-from harness.trace import Trace
+from harness.checks.verdict import FULL_BATCH, NO_PREEMPTION, PREEMPTION_SEEN, Verdict
+from harness.render.ledger_table import format_step_table
+from harness.trace import StepRecord, Trace
 
 PREEMPTION_METRIC = "vllm:num_preemptions"
 
@@ -54,43 +54,49 @@ def count_preemptions(trace: Trace) -> PreemptionCount:
     """The three preemption signals of a step-driven trace."""
     metric = trace.metrics.get(PREEMPTION_METRIC)
     per_request = {rid: r.num_preemptions for rid, r in trace.requests.items()}
-    per_step = {s["step"]: list(s["preempted"]) for s in trace.engine_steps if s.get("preempted")}
+    per_step = {s.step: list(s.preempted) for s in trace.steps if s.preempted}
     return PreemptionCount(metric=metric, per_request=per_request, per_step=per_step)
 
 
-def largest_batch(steps: list[dict[str, Any]]) -> tuple[int, int | None]:
+def largest_batch(steps: list[StepRecord]) -> tuple[int, int | None]:
     """(most requests running at once, the first step where that was seen)."""
     best, at = 0, None
     for s in steps:
-        n = len(s.get("running", []))
-        if n > best:
-            best, at = n, s["step"]
+        if len(s.running) > best:
+            best, at = len(s.running), s.step
     return best, at
 
 
-def check_full_batch(steps: list[dict[str, Any]], max_num_seqs: int) -> str | None:
-    """None when the batch reached ``max_num_seqs`` running requests, else why not."""
-    best, at = largest_batch(steps)
+def check_full_batch(trace: Trace, max_num_seqs: int) -> Verdict:
+    """The batch reached ``max_num_seqs`` running requests at some step."""
+    best, at = largest_batch(trace.steps)
     if best >= max_num_seqs:
-        return None
+        return Verdict.passed(FULL_BATCH, f"{best} requests ran at once from step {at}")
     where = f" (first at step {at})" if at is not None else ""
-    waiting = max((len(s.get("waiting", [])) for s in steps), default=0)
-    message = (
+    waiting = max((len(s.waiting) for s in trace.steps), default=0)
+    why = (
         f"full batch never reached: max_num_seqs={max_num_seqs} but the largest batch seen"
         f" was {best} running requests{where}, with up to {waiting} waiting; the run proves"
         " nothing about a full batch (is the KV cache one block short?)"
     )
-    if at is not None:
-        message += "\n" + format_step_table(steps, at)
-    return message
+    details = why if at is None else why + "\n" + format_step_table(trace.steps, at)
+    return Verdict.failed(FULL_BATCH, why, at=at, details=details)
 
 
-def check_no_preemption(trace: Trace) -> str | None:
-    """None when no signal saw a preemption, else a message with every signal."""
+def check_no_preemption(trace: Trace) -> Verdict:
+    """No signal saw a preemption; else every signal's count and the first preempting step."""
     count = count_preemptions(trace)
     if not count.any():
-        return None
-    message = f"recompute: requests were preempted and recomputed: {count.describe()}"
-    if count.per_step:
-        message += "\n" + format_step_table(trace.engine_steps, min(count.per_step))
-    return message
+        return Verdict.passed(NO_PREEMPTION, "no signal saw a preemption")
+    why = f"recompute: requests were preempted and recomputed: {count.describe()}"
+    at = min(count.per_step) if count.per_step else None
+    details = why if at is None else why + "\n" + format_step_table(trace.steps, at)
+    return Verdict.failed(NO_PREEMPTION, why, at=at, details=details)
+
+
+def check_preemption_seen(trace: Trace) -> Verdict:
+    """Every signal saw a preemption (negative controls: the detectors are not blind)."""
+    count = count_preemptions(trace)
+    if count.all_signals_agree_preempted():
+        return Verdict.passed(PREEMPTION_SEEN, count.describe())
+    return Verdict.failed(PREEMPTION_SEEN, f"a signal missed the preemption: {count.describe()}")

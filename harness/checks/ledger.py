@@ -1,0 +1,410 @@
+"""KV block ledger invariants: pure checks of ``KvSnapshot``s and a step-driven Trace.
+
+Each invariant is a function of one snapshot returning ``Violation``s (empty:
+it holds). ``check_ledger`` is the one driver over a Trace: every per-step
+invariant on every snapshot, the idle invariant at the idle points (after
+start-up and, when the run drained, the last step), and the dummy-return rule;
+it returns one ``Verdict`` naming the first broken invariant, its step, and a
+per-step table marking that step.
+
+Deferred freeing: vLLM hands finished request ids to the worker in the next
+scheduler output, so a runner still holds a finished request's blocks until the
+engine schedules one more step. The idle check applies only at a step taken
+after that (when ``scheduler.has_requests()`` is false: ``Trace.idle_at_end``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from harness.checks.verdict import DUMMY_PADDING, KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict
+from harness.render.ledger_table import format_step_table
+from harness.trace import KvSnapshot, StepRecord, Trace, is_dummy_id
+
+# How many violations a failure message lists.
+MAX_LISTED = 20
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant: a stable snake_case name and a sentence saying what was seen."""
+
+    invariant: str
+    message: str
+    step: int | None = None
+    source: str | None = None
+
+    def __str__(self) -> str:
+        where = "" if self.step is None else f"step {self.step}: "
+        src = "" if self.source is None else f" [{self.source}]"
+        return f"{where}{self.invariant}{src}: {self.message}"
+
+def _count(n: int, noun: str = "block") -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+def _blocks(ids: Iterable[int]) -> str:
+    return "[" + ", ".join(str(b) for b in ids) + "]"
+
+def _holders(s: KvSnapshot) -> dict[int, list[str]]:
+    # block id -> owner ids, one entry per listing (so a repeat shows twice)
+    holders: dict[int, list[str]] = defaultdict(list)
+    for req_id, ids in s.owned.items():
+        for b in ids:
+            holders[b].append(req_id)
+    return holders
+
+def _v(invariant: str, s: KvSnapshot, message: str) -> Violation:
+    return Violation(invariant=invariant, message=message, source=s.source)
+
+def check_conservation(s: KvSnapshot) -> list[Violation]:
+    """Free, owned and pad blocks together are exactly ``range(num_blocks)``, each in one place.
+
+    Flags blocks that are nowhere, ids outside the pool, a block both free and owned,
+    a block owned by two requests (unless prefix caching is on and the pool's ref
+    count equals its number of holders), and a block listed twice by one request.
+    Pad blocks in the free list or owned, and repeats within the free list, are left
+    to ``check_pad_never_owned`` and ``check_no_double_free``.
+    """
+    name = "conservation"
+    out: list[Violation] = []
+    pad = set(s.pad_blocks)
+    free = set(s.free_blocks)
+    holders = _holders(s)
+
+    for req_id, ids in s.owned.items():
+        for b, n in sorted(Counter(ids).items()):
+            if n > 1 and b not in pad:
+                out.append(_v(name, s, f"request {req_id} lists block {b} {n} times"))
+
+    for b in sorted(holders):
+        if b in pad:
+            continue
+        owners = holders[b]
+        distinct = list(dict.fromkeys(owners))
+        if b in free:
+            out.append(
+                _v(name, s, f"block {b} is in the free list and owned by {', '.join(distinct)}")
+            )
+        if len(distinct) > 1:
+            shared_ok = (
+                s.prefix_caching and s.ref_counts is not None and s.ref_counts.get(b) == len(owners)
+            )
+            if not shared_ok:
+                rc = "" if s.ref_counts is None else f" (ref count {s.ref_counts.get(b, 0)})"
+                out.append(
+                    _v(name, s, f"block {b} is owned by {' and '.join(distinct)} at once{rc}")
+                )
+
+    valid = range(s.num_blocks)
+    for b in sorted({b for b in free | set(holders) | pad if b not in valid}):
+        places = []
+        if b in free:
+            places.append("in the free list")
+        if b in holders:
+            places.append(f"owned by {', '.join(dict.fromkeys(holders[b]))}")
+        if b in pad:
+            places.append("a pad block")
+        out.append(
+            _v(
+                name,
+                s,
+                f"block {b} ({'; '.join(places)}) is outside the pool of "
+                f"{s.num_blocks} blocks (ids 0..{s.num_blocks - 1})",
+            )
+        )
+
+    missing = [b for b in valid if b not in free and b not in holders and b not in pad]
+    if missing:
+        out.append(
+            _v(
+                name,
+                s,
+                f"{len(missing)} of {s.num_blocks} blocks are neither free, owned nor pad: "
+                f"{_blocks(missing)}",
+            )
+        )
+    return out
+
+def check_pad_never_owned(s: KvSnapshot) -> list[Violation]:
+    """No pad block is owned by any request or sits in the free list."""
+    name = "pad_never_owned"
+    out: list[Violation] = []
+    holders = _holders(s)
+    free = Counter(s.free_blocks)
+    for b in s.pad_blocks:
+        if b in holders:
+            owners = ", ".join(dict.fromkeys(holders[b]))
+            out.append(_v(name, s, f"pad block {b} is owned by {owners}"))
+        if free[b]:
+            times = "" if free[b] == 1 else f" {free[b]} times"
+            out.append(_v(name, s, f"pad block {b} is in the free list{times}"))
+    return out
+
+def check_no_double_free(s: KvSnapshot) -> list[Violation]:
+    """No block id appears twice in the free list."""
+    return [
+        _v("no_double_free", s, f"block {b} appears {n} times in the free list")
+        for b, n in sorted(Counter(s.free_blocks).items())
+        if n > 1
+    ]
+
+def check_free_counter(s: KvSnapshot) -> list[Violation]:
+    """Where the pool keeps a free count, it equals the length of its free list.
+
+    A block appended to vLLM's linked free list while already in it unlinks the
+    blocks after it but still bumps the counter, so the two drift apart.
+    """
+    if s.counted_free is None or s.counted_free == len(s.free_blocks):
+        return []
+    return [
+        _v(
+            "free_counter",
+            s,
+            f"the pool counts {_count(s.counted_free, 'free block')} but its free list holds "
+            f"{len(s.free_blocks)}",
+        )
+    ]
+
+def check_ref_counts(s: KvSnapshot) -> list[Violation]:
+    """Where ref counts are known, each non-pad block's count equals how often it is held.
+
+    A free block must have count 0; a block held by k listings must have count k.
+    """
+    if s.ref_counts is None:
+        return []
+    name = "ref_counts"
+    out: list[Violation] = []
+    pad = set(s.pad_blocks)
+    holders = _holders(s)
+    for b in sorted((set(s.ref_counts) | set(holders)) - pad):
+        held = holders.get(b, [])
+        count = s.ref_counts.get(b, 0)
+        if count != len(held):
+            who = f"held by {', '.join(held)}" if held else "held by no request"
+            out.append(_v(name, s, f"block {b} has ref count {count} but is {who}"))
+    return out
+
+def check_within_reservation(s: KvSnapshot) -> list[Violation]:
+    """Where reservations are known, no request owns more blocks than it reserved.
+
+    A request that owns blocks but has no reservation counts as having reserved 0.
+    """
+    if s.reserved is None:
+        return []
+    name = "within_reservation"
+    out: list[Violation] = []
+    for req_id, ids in s.owned.items():
+        limit = s.reserved.get(req_id)
+        if limit is None:
+            out.append(
+                _v(
+                    name,
+                    s,
+                    f"request {req_id} owns {_count(len(ids))} {_blocks(ids)} "
+                    "but has no reservation",
+                )
+            )
+        elif len(ids) > limit:
+            out.append(
+                _v(
+                    name,
+                    s,
+                    f"request {req_id} owns {_count(len(ids))} {_blocks(ids)} but reserved {limit}",
+                )
+            )
+    return out
+
+def expected_reported_free(s: KvSnapshot) -> int:
+    """Usable free blocks minus blocks reserved but not yet allocated."""
+    outstanding = sum(
+        max(0, n - len(s.owned.get(req_id, []))) for req_id, n in (s.reserved or {}).items()
+    )
+    return s.free_count() - outstanding
+
+def check_reported_free(s: KvSnapshot) -> list[Violation]:
+    """Where a reported free count is known, it equals the ledger's.
+
+    The ledger's count is the distinct non-pad blocks in the free list minus the
+    blocks still promised to requests (reserved minus already owned).
+    """
+    if s.reported_free is None:
+        return []
+    expected = expected_reported_free(s)
+    if s.reported_free == expected:
+        return []
+    free = s.free_count()
+    detail = f"{free} free" if expected == free else f"{free} free - {free - expected} promised"
+    return [
+        _v(
+            "reported_free",
+            s,
+            f"reported {_count(s.reported_free, 'free block')} but the ledger has {expected} ({detail})",
+        )
+    ]
+
+def check_idle_all_free(s: KvSnapshot) -> list[Violation]:
+    """At idle every non-pad block is free and no request, dummy or not, owns or reserves any."""
+    name = "idle_all_free"
+    out: list[Violation] = []
+    dummies = set(s.dummy_ids)
+    for req_id, ids in s.owned.items():
+        if ids:
+            kind = "dummy request" if req_id in dummies or is_dummy_id(req_id) else "request"
+            out.append(_v(name, s, f"at idle, {kind} {req_id} still owns blocks {_blocks(ids)}"))
+    for req_id, n in (s.reserved or {}).items():
+        if n:
+            out.append(_v(name, s, f"at idle, request {req_id} still reserves {_count(n)}"))
+    pad = set(s.pad_blocks)
+    free = set(s.free_blocks)
+    holders = _holders(s)
+    lost = [b for b in range(s.num_blocks) if b not in pad and b not in free and b not in holders]
+    if lost:
+        out.append(_v(name, s, f"at idle, blocks {_blocks(lost)} are not free and not owned"))
+    return out
+
+STEP_CHECKS = (
+    check_conservation,
+    check_pad_never_owned,
+    check_no_double_free,
+    check_free_counter,
+    check_ref_counts,
+    check_within_reservation,
+    check_reported_free,
+)
+
+def _at(violations: list[Violation], step: int | None) -> list[Violation]:
+    return [
+        Violation(invariant=v.invariant, message=v.message, step=step, source=v.source)
+        for v in violations
+    ]
+
+def check_step(s: KvSnapshot, step: int | None) -> list[Violation]:
+    """Every per-step invariant (all but idle) on one snapshot, each violation tagged ``step``."""
+    out: list[Violation] = []
+    for check in STEP_CHECKS:
+        out.extend(check(s))
+    return _at(out, step)
+
+def check_idle(s: KvSnapshot, step: int | None) -> list[Violation]:
+    """``check_idle_all_free`` with ``step`` set."""
+    return _at(check_idle_all_free(s), step)
+
+def check_dummy_returned(steps: list[StepRecord]) -> list[Violation]:
+    """Dummy blocks (legacy minimum-decode-batch padding) are back in the pool by the step
+    where a second real request runs, or the batch empties: a dummy may hold blocks only at
+    a step whose batch held exactly one real request (still running, or finishing in it:
+    the runner hears of a finish one step later, as with every freed block)."""
+    out: list[Violation] = []
+    for d in steps:
+        batch = {*d.running, *d.finished}
+        running = sorted(r for r in batch if not is_dummy_id(r))
+        if len(running) == 1:
+            continue
+        for s in d.kv:
+            for dummy in s.dummy_ids:
+                held = s.owned.get(dummy) or []
+                if held:
+                    why = "the batch is empty" if not running else f"{len(running)} real requests run"
+                    out.append(Violation(
+                        "dummy_returned",
+                        f"dummy {dummy!r} still holds blocks {sorted(held)} although {why}",
+                        d.step,
+                        s.source,
+                    ))
+    return out
+
+# ------------------------------------------------------------------ driver
+
+def ledger_violations(trace: Trace) -> list[Violation]:
+    """Every ledger invariant over a step-driven trace, each violation tagged with its step.
+
+    Per-step invariants on every snapshot of ``trace.ledger_steps()``; the idle
+    invariant at ``trace.idle_steps()``; the dummy-return rule on the engine steps.
+    Sorted by step (stable within a step).
+    """
+    idle = trace.idle_steps()
+    out: list[Violation] = []
+    for record in trace.ledger_steps():
+        for s in record.kv:
+            out.extend(check_step(s, record.step))
+    out.extend(check_dummy_returned(trace.steps))
+    for record in trace.ledger_steps():
+        if record.step in idle:
+            for s in record.kv:
+                out.extend(check_idle(s, record.step))
+    out.sort(key=lambda v: v.step if v.step is not None else -2)
+    return out
+
+def _violation_lines(violations: list[Violation]) -> list[str]:
+    lines = [
+        "invariants broken: " + ", ".join(sorted({v.invariant for v in violations})),
+        f"{len(violations)} violation(s):",
+    ]
+    lines += [f"  step {v.step}: [{v.invariant}] {v.message}" for v in violations[:MAX_LISTED]]
+    if len(violations) > MAX_LISTED:
+        lines.append(f"  ... {len(violations) - MAX_LISTED} more")
+    return lines
+
+def check_ledger(trace: Trace) -> Verdict:
+    """The KV ledger verdict of a step-driven run: check ``kv_ledger.<first broken
+    invariant>`` with its step, the per-step table around it, and every violation."""
+    if not any(record.kv for record in trace.ledger_steps()):
+        return Verdict.failed(
+            KV_LEDGER_UNRECORDED,
+            "kv ledger: no KV snapshots were recorded (was the probe switched off?)",
+        )
+    violations = ledger_violations(trace)
+    if not violations:
+        return Verdict.passed(KV_LEDGER, "all invariants held")
+    first = violations[0]
+    why = f"kv invariant {first.invariant} broken at step {first.step}: {first.message}"
+    at = first.step if first.step is not None else -1
+    details = "\n".join(
+        [why, format_step_table(trace.ledger_steps(), at), *_violation_lines(violations)]
+    )
+    return Verdict.failed(f"{KV_LEDGER}.{first.invariant}", why, at=at, details=details)
+
+def check_idle_ledgers(snapshots: list[KvSnapshot], when: str = "after warmup") -> Verdict:
+    """Every block is free in each snapshot taken at an idle point (``when`` says which)."""
+    problems = [v for s in snapshots for v in check_idle(s, step=-1)]
+    if not snapshots:
+        return Verdict.failed(KV_LEDGER_UNRECORDED, f"{when}: the engine reported no KV ledger")
+    if not problems:
+        return Verdict.passed(KV_LEDGER, f"{when}: every block is free")
+    why = f"{when}: " + "; ".join(f"[{v.invariant}] {v.message}" for v in problems)
+    details = "\n".join([why, *(s.summary() for s in snapshots)])
+    return Verdict.failed(f"{KV_LEDGER}.{problems[0].invariant}", why, at=-1, details=details)
+
+# ------------------------------------------------------------------ dummy padding
+
+def dummy_blocks_per_step(trace: Trace) -> dict[int, list[int]]:
+    """Engine step -> blocks held by dummy requests in its ledgers."""
+    return {r.step: sorted(b for s in r.kv for b in s.dummy_blocks()) for r in trace.steps}
+
+def check_dummy_padding(trace: Trace) -> Verdict:
+    """Where a lone decoding request is padded with a dummy (vllm-spyre 0.3-0.4): the dummy
+    holds blocks while the first request decodes alone, none at the step where a second
+    request joins, and none at the end. Passes with ``why`` "no dummy" where the stack pads
+    no batch (callers decide whether that is a skip)."""
+    held = dummy_blocks_per_step(trace)
+    if not any(held.values()):
+        return Verdict.passed(DUMMY_PADDING, "no dummy")
+    joined = next((r.step for r in trace.steps if len(r.running) >= 2), None)
+    if joined is None:
+        return Verdict.failed(DUMMY_PADDING, "no step ran two requests at once; nothing joined")
+
+    def fail(why: str, at: int) -> Verdict:
+        table = format_step_table(trace.ledger_steps(), at)
+        return Verdict.failed(DUMMY_PADDING, why, at=at, details=f"{why}\n{table}")
+
+    if not any(blocks for st, blocks in held.items() if st < joined):
+        return fail(f"no dummy blocks while the first request decoded alone before step"
+                    f" {joined}: {held}", joined)
+    if held[joined]:
+        return fail(f"dummy still holds {held[joined]} at step {joined}, where a second"
+                    " request joined", joined)
+    last = trace.steps[-1].step
+    if held[last]:
+        return fail(f"dummy blocks {held[last]} held at idle (step {last})", last)
+    return Verdict.passed(DUMMY_PADDING, f"dummy taken while alone, returned at step {joined}")

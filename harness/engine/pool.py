@@ -1,0 +1,127 @@
+"""EnginePool: one live engine per EngineConfig in this pytest process.
+
+Engines are expensive to start, so tests with equal configurations share one;
+the least recently used engine is stopped when too many are live. A
+configuration whose engine failed to start is remembered, so later tests with
+it fail at once with the original error instead of starting it again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.checks.capacity import CapacityError, check_capacity, preflight_config
+from harness.engine.config import EngineConfig
+from harness.engine.host import EngineError, EngineHost, EngineStartError
+from harness.targets import target_for
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    """One engine this pool started: which configuration, and how long it took."""
+
+    config: str
+    key: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """What the pool needs from the session options."""
+
+    reports_dir: Path
+    max_live_engines: int = 3
+    start_timeout: float = 600.0
+    engine_reuse: bool = True
+
+
+def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[str, Any]]:
+    """The python, environment and LLM arguments the engine's stack adds (none for default)."""
+    if cfg.stack == "default":
+        return None, {}, {}
+    from harness.stacks import load_stack, stack_python
+
+    stack = load_stack(cfg.stack)
+    python = stack_python(cfg.stack)
+    if python is None:
+        raise EngineStartError(
+            f"stack {cfg.stack} is not installed (or its pins changed): run ./setup.sh --stack {cfg.stack}"
+        )
+    env = {**stack.env, **stack.target_env.get(cfg.variant_id, {})}
+    return str(python), env, dict(stack.engine)
+
+
+class EnginePool:
+    """One live EngineHost per EngineConfig, least recently used evicted first."""
+
+    def __init__(self, settings: PoolSettings) -> None:
+        self.settings = settings
+        self._live: OrderedDict[str, EngineHost] = OrderedDict()
+        self._failed: dict[str, EngineError] = {}
+        self.started: list[EngineStart] = []
+
+    def get(self, cfg: EngineConfig) -> EngineHost:
+        key = cfg.key
+        if key in self._failed:
+            raise self._failed[key]
+        host = self._live.get(key)
+        if host is not None and host.alive:
+            self._live.move_to_end(key)
+            return host
+        if host is not None:
+            self.discard(key)
+        while len(self._live) >= max(1, self.settings.max_live_engines):
+            self.discard(next(iter(self._live)))
+        target = target_for(cfg)
+        python, stack_env, stack_kwargs = stack_runtime(cfg)
+        try:
+            preflight_config(cfg)
+        except CapacityError as e:
+            self._failed[key] = e
+            raise
+        try:
+            env = target.engine_env()
+            env.update(stack_env)
+            env.update(dict(cfg.extra_env))
+            llm_kwargs = {**target.llm_kwargs(), **stack_kwargs}
+            host = EngineHost(
+                cfg,
+                env,
+                llm_kwargs,
+                self.settings.reports_dir / "engine-logs",
+                start_timeout=self.settings.start_timeout,
+                python=python,
+            )
+        except EngineError as e:
+            self._failed[key] = e
+            raise
+        try:
+            check_capacity(cfg, host.info)
+        except CapacityError as e:
+            host.close()
+            self._failed[key] = e
+            raise
+        self.started.append(EngineStart(cfg.label, key, round(host.start_seconds, 2)))
+        self._live[key] = host
+        return host
+
+    def was_started(self, cfg: EngineConfig) -> bool:
+        """Whether an engine of ``cfg`` was started by this pool (now live or not)."""
+        return any(s.key == cfg.key for s in self.started)
+
+    def release(self, cfg: EngineConfig) -> None:
+        """Stop the engine of ``cfg`` unless engines are reused across tests."""
+        if not self.settings.engine_reuse:
+            self.discard(cfg.key)
+
+    def discard(self, key: str) -> None:
+        host = self._live.pop(key, None)
+        if host is not None:
+            host.close()
+
+    def close(self) -> None:
+        for key in list(self._live):
+            self.discard(key)

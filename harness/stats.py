@@ -1,0 +1,54 @@
+"""What one session did, for the end-of-run summary: timers and the session's record."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Timers:
+    """Wall time per named phase (the benchmark's split), summed over the session."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def get(self, name: str, default: float = 0.0) -> float:
+        return self.seconds.get(name, default)
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Add the wall time of the block to ``name``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.seconds.items()}
+
+
+@dataclass
+class SessionStats:
+    """One worker's record, written to reports/stats/<worker>.json for the summary."""
+
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    reference_hits: int = 0
+    reference_misses: int = 0
+    near_ties: list[str] = field(default_factory=list)
+    timers: dict[str, float] = field(default_factory=dict)
+    leases: list[str] = field(default_factory=list)
+
+    @property
+    def engines_started(self) -> int:
+        return len(self.engines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape the terminal summary reads."""
+        return {"engines_started": self.engines_started, **asdict(self)}
