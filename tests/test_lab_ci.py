@@ -111,5 +111,11 @@ def test_ci_commands_are_the_readmes_and_the_cli_accepts_them(monkeypatch, path)
         calls.clear()
         assert cli.main(_concrete(command)) == 0
         assert len(calls) == 1 and calls[0][1] == [], (command, calls)  # nothing left over
-    subcommands = {shlex.split(c)[1] for c in commands}
-    assert {"nightly", "selftest", "report"} <= subcommands or path.name == "hil-report.yaml"
+
+
+@pytest.mark.parametrize("paths", [[GITHUB], [GITLAB], K8S], ids=["github", "gitlab", "kubernetes"])
+def test_each_ci_runs_the_shards_their_selftest_and_one_merge(paths):
+    commands = [c for p in paths for c in hil_commands(p)]
+    assert sorted(shlex.split(c)[1] for c in commands) == ["nightly", "report", "selftest"]
+    nightly = next(c for c in commands if " nightly " in c)
+    assert "--shard" in nightly and "--shard-durations" in nightly

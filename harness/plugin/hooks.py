@@ -36,6 +36,7 @@ MARKERS = {
     "capacity": "suite: KV block count can serve a full-length request",
     "hil_targets": "hil_targets(spec): limit a test's target variants (same syntax as --target)",
     "nightly": "in the nightly selection (hil nightly)",
+    "slow": "end to end: starts engines or child pytests (deselect with -m 'not slow')",
 }
 
 DEFAULT_MODELS = ",".join(MODEL_SPECS)
