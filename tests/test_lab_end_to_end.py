@@ -138,3 +138,16 @@ def test_shards_as_separate_hosts_merge_into_the_one_host_result_set(tmp_path):
     assert result_set(merged.folder) == expected
     where = where_markdown(load_results(merged.folder).tests)
     assert where.count("| cpu@") == 4 + 1, where  # 4 tests and the per-host row
+
+
+def test_three_shards_by_measured_time_run_every_nightly_test_exactly_once(tmp_path):
+    from harness.shard_plan import write_durations
+
+    everything = collected("-m", "nightly and cpu")
+    durations = write_durations(tmp_path / "durations.json",
+                                {nid: 1.0 + i % 7 for i, nid in enumerate(sorted(everything))},
+                                "test")
+    parts = [collected("-m", "nightly and cpu", "--shard", f"{i}/3",
+                       "--shard-durations", str(durations)) for i in (1, 2, 3)]
+    assert set().union(*parts) == everything
+    assert sum(len(p) for p in parts) == len(everything)
