@@ -65,6 +65,9 @@ def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
 
         return merge_command(args.sources, reports, Path(args.output or reports / "allure-report"),
                              reports / "summary.md", history=not args.no_history)
+    from harness.report.lab_report import keep_durations
+
+    keep_durations(Path(args.results or reports / "allure-results"), reports)
     return report_command(
         Path(args.results or reports / "allure-results"),
         Path(args.output or reports / "allure-report"),

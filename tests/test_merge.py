@@ -194,3 +194,12 @@ def test_an_incomplete_merge_fails_and_keeps_no_durations(tmp_path, monkeypatch)
 
 def test_where_markdown_of_no_tests_is_empty():
     assert where_markdown([]) == ""
+
+
+def test_an_unsharded_run_keeps_its_durations_and_a_single_shard_does_not(tmp_path):
+    whole = make_source(tmp_path / "whole", None, ["t1", "t2"])
+    assert lab_report.keep_durations(whole / "allure-results", tmp_path / "r1") is not None
+    assert load_durations(tmp_path / "r1" / "durations.json") == {"t1": 2.5, "t2": 2.5}
+    one = make_source(tmp_path / "one", "1/2", ["t1"])
+    assert lab_report.keep_durations(one / "allure-results", tmp_path / "r2") is None
+    assert not (tmp_path / "r2" / "durations.json").exists()

@@ -46,3 +46,16 @@ def merge_command(sources: list[str], reports_dir: Path, report_dir: Path, summa
     if not outcome.generated:
         return 2 if outcome.tool_missing else 1
     return 0 if merged.complete else 1
+
+
+def keep_durations(results_dir: Path, reports_dir: Path) -> Path | None:
+    """After `hil report` of one unsharded run: its test durations, for a later split.
+    A single shard's results are never used (other hosts would plan from other data)."""
+    from harness.report.config import read_properties
+
+    props = read_properties(Path(results_dir) / "environment.properties")
+    folder = load_results(Path(results_dir))
+    if not props or props.get("run.shard") or not folder.tests:
+        return None
+    return write_durations(Path(reports_dir) / DURATIONS_FILE, durations_of(folder.tests),
+                           source=f"unsharded run on {props.get('host', '?')}")
