@@ -203,3 +203,11 @@ def test_an_unsharded_run_keeps_its_durations_and_a_single_shard_does_not(tmp_pa
     one = make_source(tmp_path / "one", "1/2", ["t1"])
     assert lab_report.keep_durations(one / "allure-results", tmp_path / "r2") is None
     assert not (tmp_path / "r2" / "durations.json").exists()
+
+
+def test_two_shards_that_differ_name_the_second_against_the_first(tmp_path):
+    a = make_source(tmp_path / "a", "1/2", ["t1"], host="lab-a")
+    b = make_source(tmp_path / "b", "2/2", ["t2"], host="lab-b", vLLM="0.17.0")
+    merged = merge_results([str(a), str(b)], tmp_path / "out")
+    assert merged.problems == ["vLLM differs between shards: shard 1/2 (lab-a) ran 0.17.1;"
+                               " shard 2/2 (lab-b): 0.17.0"]

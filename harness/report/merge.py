@@ -155,10 +155,14 @@ def _version_problems(sources: list[Source]) -> list[str]:
         values = Counter(s.props.get(key, "absent") for s in sources)
         if len(values) < 2:
             continue
-        common = values.most_common(1)[0][0]
+        (common, top), (_, second) = values.most_common(2)
+        # On a tie the first source is the reference.
+        if top == second:
+            common = sources[0].props.get(key, "absent")
+        who = "most ran" if top > second else f"{sources[0].name} ran"
         odd = [f"{s.name}: {s.props.get(key, 'absent')}" for s in sources
                if s.props.get(key, "absent") != common]
-        problems.append(f"{key} differs between shards: most ran {common}; " + "; ".join(odd))
+        problems.append(f"{key} differs between shards: {who} {common}; " + "; ".join(odd))
     return problems
 
 
