@@ -12,6 +12,8 @@
     hil models [NAME...]       build the tiny offline models and print their folders
     hil report [--serve]       reports/allure-results -> reports/allure-report (static HTML,
                                with the previous report's history), and reports/summary.md
+    hil report SOURCE...       merge shard results (folders or .tar.gz/.zip) into one report
+    hil selftest               inject each harness fault into this host's stack: caught?
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
     from harness.report.generate import report_command
 
     reports = Path(args.reports_dir)
+    if args.sources:
+        from harness.report.lab_report import merge_command
+
+        return merge_command(args.sources, reports, Path(args.output or reports / "allure-report"),
+                             reports / "summary.md", history=not args.no_history)
+    from harness.report.lab_report import keep_durations
+
+    keep_durations(Path(args.results or reports / "allure-results"), reports)
     return report_command(
         Path(args.results or reports / "allure-results"),
         Path(args.output or reports / "allure-report"),
@@ -88,6 +98,8 @@ def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
     pytest_args = ["-m", selection, "--require-device"]
     if args.shard:
         pytest_args.append(f"--shard={args.shard}")
+    if args.shard_durations:
+        pytest_args.append(f"--shard-durations={args.shard_durations}")
     if args.inventory:
         pytest_args.append(f"--inventory={args.inventory}")
     rc = cmd_run(args, pytest_args + extra)
@@ -153,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--reports-dir", default=str(ROOT / "reports"))
     n.add_argument("--shard", default="", metavar="I/N")
     n.add_argument("--inventory", default="")
+    n.add_argument("--shard-durations", default="", metavar="FILE",
+                   help="balance the shards by these durations (default"
+                   " REPORTS_DIR/durations.json when present, else by test count)")
     n.add_argument("--stacks", default="default")
     n.set_defaults(func=cmd_nightly)
     d = sub.add_parser("devices", help="print discovered devices")
@@ -161,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(func=cmd_devices)
     rp = sub.add_parser("report", help="make the HTML report of the last run (offline)")
     rp.add_argument("--reports-dir", default=str(ROOT / "reports"))
+    rp.add_argument("sources", nargs="*", metavar="SOURCE",
+                    help="shard results to merge (reports or allure-results folders, or"
+                    " .tar.gz/.zip of them); default: REPORTS_DIR/allure-results alone")
     rp.add_argument("--results", default="", help="default: REPORTS_DIR/allure-results")
     rp.add_argument("--output", default="", help="default: REPORTS_DIR/allure-report")
     rp.add_argument("--no-history", action="store_true",
@@ -169,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="then serve the report on http://127.0.0.1:PORT until Ctrl-C")
     rp.add_argument("--port", type=int, default=0)
     rp.set_defaults(func=cmd_report)
+    from harness.selftest import add_selftest_parser
+
+    add_selftest_parser(sub, ROOT)
     b = sub.add_parser("bench", help="benchmark the harness itself (bench/harness_bench.py)")
     b.add_argument("--quick", action="store_true")
     b.set_defaults(func=cmd_bench)

@@ -91,3 +91,65 @@ def test_quarantined_failure_is_known_and_a_quarantined_pass_warns(tmp_path):
                         "--quarantine", str(q))
     assert passing.returncode == 0
     assert "WARNING: quarantined test passes now; remove it from quarantine" in passing.output
+
+
+SHARD_SELECTION = ["-m", "token_equality and cpu", "--model", "tiny-llama",
+                   "--target", "vllm-cpu,spyre-eager-cb", "-k", "single and not one-token or pair"]
+
+
+def hil_run(reports, *args):
+    """`hil run` in its own process with its own reports and lease folders: a host."""
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--reports-dir",
+                             str(reports), f"--lease-dir={reports / 'leases'}",
+                             "--max-live-engines", "1", "-p", "no:cacheprovider",
+                             *SHARD_SELECTION, *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def result_set(folder):
+    from harness.report.results import labels_of, load_results, params_of
+
+    return sorted((labels_of(t)["nodeid"][0], t["status"], params_of(t)["stack"])
+                  for t in load_results(folder).tests)
+
+
+@pytest.mark.slow
+def test_shards_as_separate_hosts_merge_into_the_one_host_result_set(tmp_path):
+    import tarfile
+
+    from harness.report.merge import merge_results, where_markdown
+    from harness.report.results import load_results
+
+    shards = [hil_run(tmp_path / f"host{i}", f"--shard={i}/2") for i in (1, 2)]
+    outputs = [p.communicate(timeout=900)[0] for p in shards]
+    for p, out in zip(shards, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    one = hil_run(tmp_path / "one-host")
+    out = one.communicate(timeout=900)[0]
+    assert one.returncode == 0, out[-3000:]
+    expected = result_set(tmp_path / "one-host" / "allure-results")
+    assert len(expected) == 4, expected
+    # Each shard is one engine group (by count: 2 tests each), and no test is on both.
+    halves = [result_set(tmp_path / f"host{i}" / "allure-results") for i in (1, 2)]
+    assert [len(h) for h in halves] == [2, 2] and not set(halves[0]) & set(halves[1])
+    archive = tmp_path / "host2.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(tmp_path / "host2", arcname="reports")
+    merged = merge_results([str(tmp_path / "host1"), str(archive)], tmp_path / "merged")
+    assert merged.complete and merged.problems == [], merged.problems
+    assert result_set(merged.folder) == expected
+    where = where_markdown(load_results(merged.folder).tests)
+    assert where.count("| cpu@") == 4 + 1, where  # 4 tests and the per-host row
+
+
+def test_three_shards_by_measured_time_run_every_nightly_test_exactly_once(tmp_path):
+    from harness.lab.shard_plan import write_durations
+
+    everything = collected("-m", "nightly and cpu")
+    durations = write_durations(tmp_path / "durations.json",
+                                {nid: 1.0 + i % 7 for i, nid in enumerate(sorted(everything))},
+                                "test")
+    parts = [collected("-m", "nightly and cpu", "--shard", f"{i}/3",
+                       "--shard-durations", str(durations)) for i in (1, 2, 3)]
+    assert set().union(*parts) == everything
+    assert sum(len(p) for p in parts) == len(everything)

@@ -70,6 +70,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.clean_alluredir = False
 
 
+def shard_with_plan(config: pytest.Config) -> str:
+    """``I/N`` and how the shards were planned (merges compare the plans)."""
+    from harness.plugin.hooks import SHARD_PLAN_KEY
+
+    shard = str(config.getoption("--shard", "") or "")
+    plan = config.stash.get(SHARD_PLAN_KEY, "")
+    return f"{shard} {plan}" if shard and plan else shard
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
@@ -88,7 +97,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             inventory=str(opt("--inventory", "") or ""),
             args=" ".join(config.invocation_params.args),
             stack=str(opt("--stack", "default") or "default"),
-            shard=str(opt("--shard", "") or ""),
+            shard=shard_with_plan(config),
         )
         write_run_config(Path(config.option.allure_report_dir), run)
     except Exception as e:  # noqa: BLE001 - the run's verdict must not depend on its report

@@ -13,12 +13,14 @@ import pytest
 from fixtures.models import MODEL_SPECS
 from harness.lab.inventory import InventoryError, load_inventory
 from harness.lab.quarantine import apply_quarantine, load_quarantine, quarantined_passes
-from harness.lab.shard import in_shard, parse_shard, shard_key
+from harness.lab.shard import parse_shard, shard_key
+from harness.lab.shard_plan import DurationsError, durations_for, group_items, plan_shards
 from harness.targets import all_modes, engine_kinds, kind_markers
 from harness.variants import VARIANTS, select_variants
 
 SHARD_KEY = pytest.StashKey[object]()
 QUARANTINE_KEY = pytest.StashKey[list]()
+SHARD_PLAN_KEY = pytest.StashKey[str]()
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +32,7 @@ MARKERS = {
     "capacity": "suite: KV block count can serve a full-length request",
     "hil_targets": "hil_targets(spec): limit a test's target variants (same syntax as --target)",
     "nightly": "in the nightly selection (hil nightly)",
+    "slow": "end to end: starts engines or child pytests (deselect with -m 'not slow')",
 }
 
 DEFAULT_MODELS = ",".join(MODEL_SPECS)
@@ -86,6 +89,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="when all devices are leased, share one instead of waiting")
     g.addoption("--shard", default=os.environ.get("HIL_SHARD", ""), metavar="I/N",
                 help="run only shard I of N (1-based); N hosts with I=1..N run every test once")
+    g.addoption("--shard-durations", default=os.environ.get("HIL_SHARD_DURATIONS", ""),
+                metavar="FILE", help="balance --shard by these test durations (durations.json"
+                " from `hil report`, or a junit xml); default REPORTS_DIR/durations.json when"
+                " present, else by test count (env HIL_SHARD_DURATIONS)")
     g.addoption("--quarantine", default=os.environ.get("HIL_QUARANTINE", str(ROOT / "quarantine.toml")),
                 help="known failures: run and reported as known, not failing the run")
     g.addoption("--stack", default=os.environ.get("HIL_STACK", "default"),
@@ -202,13 +209,24 @@ def _variant_rank(item: pytest.Item) -> tuple[int, str]:
     return (order.index(vid) if vid in VARIANTS else -1, str(m))
 
 
+# Last, so that the shards are planned over what -m and -k left.
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Equal engine configurations run together, so each engine starts once.
     items.sort(key=_variant_rank)
     shard = config.stash.get(SHARD_KEY, None)
     if shard is not None:
-        keep = [i for i in items if in_shard(shard_key(i), shard)]
-        drop = [i for i in items if not in_shard(shard_key(i), shard)]
+        try:
+            durations, source = durations_for(config.getoption("--shard-durations"),
+                                              Path(config.getoption("--hil-reports-dir")))
+        except DurationsError as e:
+            raise pytest.UsageError(f"--shard-durations: {e}") from None
+        plan = plan_shards(group_items(items, shard_key), shard[1], durations)
+        config.stash[SHARD_PLAN_KEY] = f"{plan.fingerprint} (durations: {source})"
+        if not _is_worker(config):
+            print(f"\nshard {shard[0]}/{shard[1]}: {plan.describe()}; durations from {source}")
+        keep = [i for i in items if plan.shard_of(shard_key(i)) == shard[0]]
+        drop = [i for i in items if plan.shard_of(shard_key(i)) != shard[0]]
         if drop:
             config.hook.pytest_deselected(items=drop)
         items[:] = keep

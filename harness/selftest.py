@@ -1,0 +1,291 @@
+"""`hil selftest`: can this host's harness still catch faults on the stack it has today?
+
+Each fault of ``harness.faults`` is injected into the installed stack, on each target of
+this host it applies to (the CPU paths always; a Spyre card or Neuron device when the
+inventory has one), and the smallest suite selection that proves it runs in a child
+pytest. A case is *caught* when that selection fails with the fault's failure category
+(``harness.report.categories``); the table says which test caught it and with what
+message. Results go into the allure-results folder as the suite ``selftest`` (one result
+per fault and target, keyed by host, so merged shards keep one per host). Exit 1 when any
+fault family applicable here goes uncaught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.faults import FAULTS
+from harness.report.categories import classify
+
+TOKEN = "suites/test_token_equality.py"
+FREEING = "suites/test_block_freeing.py"
+ONE_TOKEN_TEST = "single and not one-token"
+LEGACY_STACK = "legacy-spyre-0.4"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One fault on one target, and the smallest selection that must catch it."""
+
+    fault: str  # FAULTS name, optionally with :k=v arguments
+    target: str
+    suite: str
+    select: str  # pytest -k
+    expect: str  # the failure category that proves the catch
+    stack: str = "default"
+    extra: tuple[str, ...] = ()
+
+    @property
+    def family(self) -> str:
+        return self.fault.partition(":")[0]
+
+
+# The CPU paths: vLLM's CPU engine and vllm-spyre in eager mode. Selections are the ones
+# tests/test_*faults*.py prove, one test each.
+CPU_CASES: tuple[Case, ...] = (
+    Case("perturb-logit:position=5", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
+    Case("perturb-logit:position=5", "spyre-eager-cb", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
+    Case("forget-free", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
+    Case("forget-free", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
+    Case("leak-warmup-block", "spyre-eager-cb", FREEING, "after_warmup", "block leak"),
+    Case("kv-blocks-short:by=1", "vllm-cpu", "suites/test_no_recompute.py",
+         "neuron_geometry and 4", "recompute"),
+    Case("crash-engine:when=start", "vllm-cpu", TOKEN, ONE_TOKEN_TEST,
+         "engine crash / harness error"),
+    Case("hang-engine", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "timeout",
+         extra=("--engine-timeout", "15")),
+    Case("keep-dummy-on-join", "spyre-eager-cb", FREEING, "dummy_padding", "block leak",
+         stack=LEGACY_STACK),
+)
+# On a card the faults that patch vLLM itself apply; the device is required, not skipped.
+CARD_CASES: dict[str, tuple[Case, ...]] = {
+    kind: tuple(
+        Case(c.fault, target, c.suite, c.select, c.expect, extra=("--require-device",))
+        for c in CPU_CASES if c.target == "vllm-cpu"
+        and c.family in ("perturb-logit", "forget-free", "crash-engine")
+    )
+    for kind, target in (("spyre", "spyre-sendnn-cb"), ("neuron", "neuron"))
+}
+
+
+@dataclass
+class Outcome:
+    """What one case's child pytest showed."""
+
+    case: Case
+    verdict: str  # caught, wrong category, uncaught, not run, not applicable
+    test: str = ""
+    category: str = ""
+    message: str = ""
+    seconds: float = 0.0
+    output: str = ""
+    start_ms: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def caught(self) -> bool:
+        return self.verdict == "caught"
+
+
+def cases_for(kinds: list[str], only: list[str] | None = None) -> list[Case]:
+    """The cases of this host's device kinds (the CPU paths always), optionally only the
+    families in ``only``."""
+    cases = list(CPU_CASES)
+    for kind in kinds:
+        cases += CARD_CASES.get(kind, ())
+    if only:
+        unknown = sorted(set(only) - set(FAULTS))
+        if unknown:
+            raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+        cases = [c for c in cases if c.family in only]
+    return cases
+
+
+def judge(case: Case, returncode: int, junit: Path) -> tuple[str, str, str, str]:
+    """(verdict, test, category, first message line) from a child run's junit xml."""
+    cases = []
+    if junit.is_file():
+        try:
+            cases = list(ET.parse(junit).getroot().iter("testcase"))
+        except ET.ParseError:
+            cases = []
+    if not cases:
+        return "not run", "", "", f"the selection ran no test (pytest exit {returncode})"
+    for tc in cases:
+        for tag in ("failure", "error"):
+            el = tc.find(tag)
+            if el is None:
+                continue
+            message = el.get("message") or (el.text or "")
+            category = classify("failed", message.splitlines()[0] if message else "") or "?"
+            line = (message.strip().splitlines() or [""])[0][:200]
+            name = f"{tc.get('classname', '')}::{tc.get('name', '')}"
+            verdict = "caught" if category == case.expect else "wrong category"
+            return verdict, name, category, line
+    return "uncaught", "", "", f"{len(cases)} test(s) passed with the fault injected"
+
+
+def run_case(case: Case, workdir: Path, root: Path, lease_dir: str = "",
+             timeout: float = 600.0) -> Outcome:
+    """Run one case in a child pytest under ``workdir``."""
+    from harness.stacks import StackError, load_stack, stack_python
+
+    if case.stack != "default":
+        try:
+            load_stack(case.stack)
+            installed = stack_python(case.stack) is not None
+        except StackError:
+            installed = False
+        if not installed:
+            return Outcome(case, "not applicable",
+                           message=f"stack {case.stack} is not installed on this host"
+                           f" (./setup.sh --stack {case.stack})")
+    workdir.mkdir(parents=True, exist_ok=True)
+    junit = workdir / "junit.xml"
+    junit.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+           f"--junitxml={junit}", f"--hil-reports-dir={workdir / 'reports'}",
+           case.suite, "-k", case.select, "--model", "tiny-llama", "--target", case.target,
+           "--stack", case.stack, "--inject-fault", case.fault, "--quarantine", os.devnull,
+           *case.extra]
+    if lease_dir:
+        cmd.append(f"--lease-dir={lease_dir}")
+    start_ms, t0 = int(time.time() * 1000), time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
+        output, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        output, rc = f"{e.stdout or ''}{e.stderr or ''}\nselftest: killed after {timeout:.0f} s", -1
+    seconds = time.monotonic() - t0
+    verdict, test, category, message = judge(case, rc, junit)
+    return Outcome(case, verdict, test, category, message, seconds, output, start_ms)
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """The markdown table `hil selftest` prints and records."""
+    lines = ["| fault | target | verdict | caught by | category | seconds |",
+             "|---|---|---|---|---|---|"]
+    for o in outcomes:
+        by = o.test.split("::")[-1] if o.test else o.message
+        lines.append(f"| {o.case.fault} | {o.case.target}{'' if o.case.stack == 'default' else ' @ ' + o.case.stack}"
+                     f" | {o.verdict} | {by.replace('|', '/')} | {o.category or '-'}"
+                     f" | {o.seconds:.0f} |")
+    return "\n".join(lines)
+
+
+def uncaught_families(outcomes: list[Outcome]) -> list[str]:
+    """Families with a case that ran here and was not caught."""
+    return sorted({o.case.family for o in outcomes
+                   if o.verdict not in ("caught", "not applicable")})
+
+
+def write_allure(outcomes: list[Outcome], results: Path, host: str | None = None) -> list[Path]:
+    """One Allure result per case in the suite ``selftest`` (history keyed by host)."""
+    host = host or socket.gethostname()
+    results.mkdir(parents=True, exist_ok=True)
+    status_of = {"caught": "passed", "not applicable": "skipped", "not run": "broken"}
+    written = []
+    for o in outcomes:
+        c = o.case
+        uid = str(uuid.uuid4())
+        full = f"selftest.{c.family}.{c.target}.{c.stack}"
+        message = (f"caught by {o.test}: {o.message}" if o.caught else
+                   f"{c.fault} on {c.target} {o.verdict}: expected a {c.expect!r} failure;"
+                   f" {o.message or o.category}")
+        attachments = []
+        if o.output:
+            source = f"{uuid.uuid4()}-attachment.txt"
+            (results / source).write_text(o.output[-20000:])
+            attachments.append({"name": "child pytest output (tail)", "source": source,
+                                "type": "text/plain"})
+        data = {
+            "uuid": uid, "historyId": hashlib.md5(f"{full}|{host}".encode()).hexdigest(),
+            "name": f"{c.fault} on {c.target}", "fullName": full,
+            "status": status_of.get(o.verdict, "failed"),
+            "statusDetails": {"message": message},
+            "start": o.start_ms, "stop": o.start_ms + int(o.seconds * 1000),
+            "labels": [{"name": "parentSuite", "value": "vllm-hil"},
+                       {"name": "suite", "value": "selftest"},
+                       {"name": "subSuite", "value": c.target},
+                       {"name": "feature", "value": "selftest"},
+                       {"name": "story", "value": c.family},
+                       {"name": "host", "value": host},
+                       {"name": "nodeid", "value": f"selftest::{c.fault}[{c.target}@{host}]"}],
+            "parameters": [{"name": "fault", "value": c.fault}, {"name": "target", "value": c.target},
+                           {"name": "stack", "value": c.stack}, {"name": "host", "value": host},
+                           {"name": "caught by", "value": o.test or "-"},
+                           {"name": "category", "value": o.category or "-"}],
+            "attachments": attachments,
+        }
+        path = results / f"{uid}-result.json"
+        path.write_text(json.dumps(data, indent=1))
+        written.append(path)
+    return written
+
+
+def host_kinds(inventory: str) -> list[str]:
+    """Device kinds with a usable card on this host (the nightly's rule)."""
+    from harness.lab.inventory import discover_inventory, load_inventory
+
+    inv = load_inventory(Path(inventory)) if inventory else discover_inventory()
+    return sorted({d.kind for d in inv.devices if d.kind in ("spyre", "neuron")
+                   and (d.kind != "spyre" or d.backend == "sendnn")})
+
+
+def selftest_command(args: argparse.Namespace, extra: list[str]) -> int:
+    from harness.lab.inventory import InventoryError
+
+    root = Path(args.root)
+    reports = Path(args.reports_dir)
+    try:
+        cases = cases_for(host_kinds(args.inventory), args.fault or None)
+    except (InventoryError, ValueError) as e:
+        print(f"hil selftest: {e}", file=sys.stderr)
+        return 2
+    print(f"hil selftest: {len(cases)} case(s) on {socket.gethostname()}", flush=True)
+    t0 = time.monotonic()
+    outcomes = []
+    for i, case in enumerate(cases):
+        o = run_case(case, reports / "selftest" / f"{i:02d}-{case.family}-{case.target}", root,
+                     args.lease_dir)
+        print(f"hil selftest: {case.fault} on {case.target}: {o.verdict}"
+              f" ({o.category or o.message}) in {o.seconds:.0f} s", flush=True)
+        outcomes.append(o)
+    text = table(outcomes)
+    total = time.monotonic() - t0
+    missed = uncaught_families(outcomes)
+    verdict = (f"every fault family caught ({total:.0f} s)" if not missed else
+               f"NOT CAUGHT: {', '.join(missed)} ({total:.0f} s)")
+    print(text + "\n\nhil selftest: " + verdict, flush=True)
+    (reports / "selftest").mkdir(parents=True, exist_ok=True)
+    (reports / "selftest" / "selftest.md").write_text(f"# hil selftest\n\n{text}\n\n{verdict}\n")
+    results = Path(args.results or reports / "allure-results")
+    write_allure(outcomes, results)
+    print(f"hil selftest: results in {results} (suite selftest), table in"
+          f" {reports / 'selftest' / 'selftest.md'}")
+    return 1 if missed else 0
+
+
+def add_selftest_parser(sub: argparse._SubParsersAction, root: Path) -> None:
+    """The ``hil selftest`` sub-command."""
+    s = sub.add_parser("selftest", help="inject each harness fault on this host: is it caught?")
+    s.add_argument("--reports-dir", default=str(root / "reports"))
+    s.add_argument("--results", default="", help="allure results folder to add the suite"
+                   " selftest to (default REPORTS_DIR/allure-results)")
+    s.add_argument("--inventory", default="", help="the host's inventory (default: discovery)")
+    s.add_argument("--lease-dir", default="", help="device lease folder (default: pytest's)")
+    s.add_argument("--fault", action="append", default=[], metavar="NAME",
+                   help="only this fault family (repeatable)")
+    s.add_argument("--root", default=str(root), help=argparse.SUPPRESS)
+    s.set_defaults(func=selftest_command)

@@ -1,0 +1,104 @@
+"""`hil selftest` without engines: which cases a host gets, how a child run is judged,
+the exit rule, and its results as an Allure suite of their own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from harness.faults import FAULTS
+
+from harness.report.categories import classify
+from harness.report.results import labels_of, load_results
+from harness.selftest import (
+    CPU_CASES,
+    Case,
+    Outcome,
+    cases_for,
+    judge,
+    table,
+    uncaught_families,
+    write_allure,
+)
+
+CASE = Case("perturb-logit:position=5", "vllm-cpu", "suites/test_token_equality.py",
+            "single", "token mismatch")
+
+
+def junit(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "junit.xml"
+    path.write_text(f"<testsuites><testsuite>{body}</testsuite></testsuites>")
+    return path
+
+
+def test_every_fault_family_has_a_case_on_the_cpu_paths():
+    assert {c.family for c in CPU_CASES} == set(FAULTS)
+
+
+def test_cards_add_their_cases_and_a_family_can_be_chosen():
+    cpu = cases_for([])
+    spyre = cases_for(["spyre"])
+    assert len(spyre) > len(cpu)
+    assert {c.target for c in spyre} - {c.target for c in cpu} == {"spyre-sendnn-cb"}
+    assert all("--require-device" in c.extra for c in spyre if c.target == "spyre-sendnn-cb")
+    assert {c.family for c in cases_for([], ["hang-engine"])} == {"hang-engine"}
+    with pytest.raises(ValueError, match="unknown fault.*known: "):
+        cases_for([], ["no-such-fault"])
+
+
+def test_the_expected_categories_are_real_categories():
+    # Each case's category is one classify() gives for a message that family produces.
+    samples = {
+        "token mismatch": "harness.checks.verdict.VerdictFailed: [check token_equality] token mismatch: vllm-cpu at position 5",
+        "block leak": "harness.checks.verdict.VerdictFailed: [check kv_ledger.conservation] kv invariant conservation broken at step 3",
+        "recompute": "harness.checks.verdict.VerdictFailed: [check full_batch] full batch never reached: max_num_seqs=4",
+        "timeout": "harness.engine.host.EngineTimeout: engine gave no answer within 15 s; killed it",
+        "engine crash / harness error":
+            "harness.engine.host.EngineStartError: engine died with exit code 3 while starting",
+    }
+    for case in CPU_CASES:
+        assert classify("failed", samples[case.expect]) == case.expect, case
+
+
+def test_a_failure_of_the_expected_category_is_a_catch(tmp_path):
+    path = junit(tmp_path, '<testcase classname="suites.test_token_equality" name="t[x]">'
+                 '<failure message="VerdictFailed: [check token_equality] token mismatch: at position 5">x</failure>'
+                 "</testcase>")
+    assert judge(CASE, 1, path) == ("caught", "suites.test_token_equality::t[x]",
+                                    "token mismatch", "VerdictFailed: [check token_equality] token mismatch: at position 5")
+
+
+def test_a_pass_a_wrong_category_or_no_test_is_not_a_catch(tmp_path):
+    passed = junit(tmp_path, '<testcase classname="a" name="t"/>')
+    assert judge(CASE, 0, passed)[0] == "uncaught"
+    wrong = junit(tmp_path, '<testcase classname="a" name="t"><error message="harness.engine.host.'
+                  'EngineStartError: engine died with exit code 3 while starting"/></testcase>')
+    verdict, _, category, _ = judge(CASE, 1, wrong)
+    assert (verdict, category) == ("wrong category", "engine crash / harness error")
+    assert judge(CASE, 5, tmp_path / "absent.xml")[0] == "not run"
+
+
+def test_the_run_fails_when_a_family_goes_uncaught_but_not_for_an_absent_stack():
+    caught = Outcome(CASE, "caught")
+    absent = Outcome(Case("keep-dummy-on-join", "spyre-eager-cb", "s", "k", "block leak",
+                          stack="legacy"), "not applicable")
+    assert uncaught_families([caught, absent]) == []
+    missed = Outcome(Case("forget-free", "vllm-cpu", "s", "k", "block leak"), "uncaught")
+    assert uncaught_families([caught, missed]) == ["forget-free"]
+    assert "| forget-free | vllm-cpu | uncaught |" in table([caught, missed])
+
+
+def test_outcomes_are_a_readable_allure_suite_of_their_own_per_host(tmp_path):
+    outcomes = [Outcome(CASE, "caught", "suites.x::t", "token mismatch", "token mismatch: ...",
+                        12.0, "child output", 1000),
+                Outcome(Case("forget-free", "vllm-cpu", "s", "k", "block leak"), "uncaught",
+                        message="1 test(s) passed with the fault injected")]
+    write_allure(outcomes, tmp_path, host="lab-a")
+    write_allure(outcomes, tmp_path, host="lab-b")
+    folder = load_results(tmp_path)
+    assert folder.problems == []
+    assert sorted(t["status"] for t in folder.tests) == ["failed", "failed", "passed", "passed"]
+    assert {labels_of(t)["suite"][0] for t in folder.tests} == {"selftest"}
+    assert len({t["historyId"] for t in folder.tests}) == 4  # two hosts never collide
+    failed = next(t for t in folder.tests if t["status"] == "failed")
+    assert "expected a 'block leak' failure" in failed["statusDetails"]["message"]
