@@ -29,6 +29,7 @@ from harness.engine_host import (
     EngineStartError,
     EngineTimeout,
 )
+from harness.exposure import ExposureTally
 from harness.leases import LeaseManager
 from harness.reference_cache import ReferenceCache
 from harness.scenario import PromptSet, Scenario
@@ -168,6 +169,8 @@ class HilSession:
         self._models: dict[str, Model] = {}
         self._refs: dict[str, ReferenceRunner] = {}
         self.near_ties: list[str] = []
+        # The reference's confidence per model: how much its token equality can mean.
+        self.exposure = ExposureTally(opts.near_tie.prob_tol)
         self.leases: LeaseManager | None = None
         self.timers: dict[str, float] = {}
         self.current_test = ""
@@ -254,7 +257,10 @@ class HilSession:
             runner = ReferenceRunner(model.path, model.content_hash, self.ref_cache)
             self._refs[model.content_hash] = runner
         with self.timed("reference"):
-            return runner.run(scenario.payload(), top_k=self.opts.near_tie.top_k)
+            trace = runner.run(scenario.payload(), top_k=self.opts.near_tie.top_k)
+        for r in trace.requests.values():
+            self.exposure.add(model.label, r)
+        return trace
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:
@@ -378,6 +384,7 @@ class HilSession:
             "reference_hits": self.ref_cache.hits,
             "reference_misses": self.ref_cache.misses,
             "near_ties": self.near_ties,
+            "exposure": self.exposure.to_dict(),
             "timers": {k: round(v, 3) for k, v in self.timers.items()},
             "leases": [lease.describe() for lease in self.leases.held.values()] if self.leases else [],
         }
