@@ -60,6 +60,7 @@ def reference_requests(tokenizer: Any) -> list[tuple[tuple[int, ...], int]]:
 
 def reference_traces(model_dir: Path) -> list[RequestTrace]:
     """The CPU reference's greedy traces (uncached) for ``reference_requests``."""
+    import torch
     from transformers import AutoTokenizer
 
     from harness.reference_cache import ReferenceCache
@@ -68,9 +69,15 @@ def reference_traces(model_dir: Path) -> list[RequestTrace]:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     runner = ReferenceRunner(model_dir, "unhashed", ReferenceCache(Path("."), enabled=False))
     traces = []
-    for i, (ids, max_tokens) in enumerate(reference_requests(tokenizer)):
-        steps = runner.greedy(list(ids), max_tokens, TOP_K)
-        traces.append(RequestTrace(request_id=str(i), prompt_token_ids=list(ids), steps=steps))
+    threads = torch.get_num_threads()
+    # One token at a time through a tiny model: threads only contend (10x slower when loaded).
+    torch.set_num_threads(1)
+    try:
+        for i, (ids, max_tokens) in enumerate(reference_requests(tokenizer)):
+            steps = runner.greedy(list(ids), max_tokens, TOP_K)
+            traces.append(RequestTrace(request_id=str(i), prompt_token_ids=list(ids), steps=steps))
+    finally:
+        torch.set_num_threads(threads)
     return traces
 
 

@@ -42,7 +42,7 @@ def _age_files(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def cache_dir() -> Path:
     # The suites' own cache: a trained build costs CPU time, so it is made once and shared.
-    return models.DEFAULT_CACHE_DIR
+    return Path(os.environ.get("HIL_CACHE_DIR", str(models.DEFAULT_CACHE_DIR)))
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +248,8 @@ def test_content_hash_memo(
     built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = Path(shutil.copytree(built["tiny-granite"], tmp_path / "model"))
+    for p in folder.iterdir():
+        os.utime(p)  # fresh, as if just written (copytree kept the cached build's stamps)
     memo_dir = tmp_path / "memo"
     listing = sorted(p.name for p in folder.iterdir())
 
