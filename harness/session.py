@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.checks.capacity import KvPool
+from harness.checks.exposure import ExposureTally
 from harness.checks.ledger import check_idle_ledgers, check_ledger
 from harness.checks.tokens import NearTiePolicy, compare_traces
 from harness.checks.verdict import Verdict, VerdictFailed
@@ -64,6 +65,8 @@ class HilSession:
         self.ref_cache = ReferenceCache(opts.cache_dir / "reference", enabled=opts.reference_cache)
         self._refs: dict[str, ReferenceRunner] = {}
         self.near_ties: list[str] = []
+        # The reference's confidence per model: how much its token equality can mean.
+        self.exposure = ExposureTally(opts.near_tie.prob_tol)
         self.current_test = ""
         self._pool = EnginePool(PoolSettings(
             reports_dir=opts.reports_dir, max_live_engines=opts.max_live_engines,
@@ -176,7 +179,10 @@ class HilSession:
                                      top_k=self.opts.near_tie.top_k)
             self._refs[model.content_hash] = runner
         with self.timers.timed("reference"):
-            return runner.generate(scenario)
+            trace = runner.generate(scenario)
+        for r in trace.requests.values():
+            self.exposure.add(model.label, r)
+        return trace
 
     # -- checks -------------------------------------------------------------
     def check_tokens(
@@ -236,6 +242,7 @@ class HilSession:
             reference_misses=self.ref_cache.misses,
             near_ties=list(self.near_ties),
             timers=self.timers.rounded(),
+            exposure=self.exposure.to_dict(),
             leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],
         )
 

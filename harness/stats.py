@@ -43,6 +43,7 @@ class SessionStats:
     reference_misses: int = 0
     near_ties: list[str] = field(default_factory=list)
     timers: dict[str, float] = field(default_factory=dict)
+    exposure: dict[str, Any] = field(default_factory=dict)  # harness.checks.exposure tally
     leases: list[str] = field(default_factory=list)
 
     @property

@@ -9,7 +9,7 @@ import pytest
 
 from harness.checks.capacity import CapacityError, blocks_needed, check_pool_serves_full_batch
 from harness.checks.preemption import check_no_preemption
-from harness.engine.config import SPYRE_BLOCK_SIZE
+from harness.targets.spyre import BLOCK_SIZE as SPYRE_BLOCK_SIZE
 from harness.engine.geometry import CPU_BLOCK_SIZE
 from harness.engine.host import EngineStartError
 from harness.scenario import EngineLimits, shaped_scenario

@@ -13,7 +13,7 @@ import pytest
 
 from harness.checks.capacity import blocks_needed
 from harness.checks.preemption import check_full_batch, check_no_preemption, check_preemption_seen
-from harness.engine.config import SPYRE_BLOCK_SIZE
+from harness.targets.spyre import BLOCK_SIZE as SPYRE_BLOCK_SIZE
 from harness.engine.geometry import CPU_BLOCK_SIZE, FULL_BATCH
 from harness.scenario import EngineLimits, shaped_scenario
 

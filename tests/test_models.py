@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,8 +14,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bench.model_stats import model_exposure
 from fixtures import models
 from fixtures.models import MODEL_SPECS, build_model, model_content_hash, resolve_model
+from harness.checks.exposure import Exposure
 
 NAMES = list(MODEL_SPECS)
 SENTENCE = "On 2024-03-17 at 07:45, rack 9 logged 412 tests (409 PASS, 3 FAIL); see ticket #88!"
@@ -37,8 +40,9 @@ def _age_files(folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("hil-cache")
+def cache_dir() -> Path:
+    # The suites' own cache: a trained build costs CPU time, so it is made once and shared.
+    return Path(os.environ.get("HIL_CACHE_DIR", str(models.DEFAULT_CACHE_DIR)))
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +120,56 @@ def test_tokenizer_round_trip_and_special_ids(built: dict[str, Path]) -> None:
     assert tokenizer.decode(tokenizer(printable)["input_ids"]) == printable
 
 
-def test_two_cache_dirs_are_byte_identical(built: dict[str, Path], tmp_path: Path) -> None:
+def test_two_builds_are_byte_identical(built: dict[str, Path], tmp_path: Path) -> None:
+    # A fresh build in this process against the cached one (maybe built by another process,
+    # with other thread settings): training must not depend on either.
+    torch.set_num_threads(2)
     for name, first in built.items():
         second = build_model(name, tmp_path)
         assert second != first
         assert second.name == first.name
         assert _file_digests(second) == _file_digests(first)
+        assert model_content_hash(second) == model_content_hash(first)
+
+
+def test_build_leaves_torch_settings_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(models, "MODEL_SPECS", {
+        "tiny-llama": dataclasses.replace(MODEL_SPECS["tiny-llama"], train_steps=2)})
+    torch.set_num_threads(2)
+    before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+              torch.get_default_dtype(), torch.random.get_rng_state())
+    build_model("tiny-llama", tmp_path)
+    after = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+             torch.get_default_dtype(), torch.random.get_rng_state())
+    assert after[:3] == before[:3]
+    assert torch.equal(after[3], before[3])
+
+
+@pytest.fixture(scope="module")
+def exposures(built: dict[str, Path]) -> dict[str, Exposure]:
+    return {name: model_exposure(folder, name) for name, folder in built.items()}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_models_are_confident_where_the_suites_compare(
+    exposures: dict[str, Exposure], name: str
+) -> None:
+    """Token equality means something only where the reference is sure: measured over the
+    reference's greedy positions of the token-equality prompts and the KV suites' scenarios."""
+    e = exposures[name]
+    assert e.positions > 1000, e.line()
+    assert e.median_top1 >= 0.5, e.line()
+    assert e.share <= 0.05, e.line()
+    assert e.warning() is None, e.warning()
+
+
+def test_untrained_model_is_flagged_as_flat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same measurement on random weights (the old fixtures) fails the targets."""
+    monkeypatch.setattr(models, "MODEL_SPECS", {"tiny-llama": dataclasses.replace(
+        MODEL_SPECS["tiny-llama"], train_steps=0, logit_gain=1.0, initializer_range=0.2)})
+    e = model_exposure(build_model("tiny-llama", tmp_path), "random-llama")
+    assert e.share > 0.05 and e.median_top1 < 0.5, e.line()
+    assert e.warning() is not None
 
 
 def test_second_build_reuses_folder(
@@ -147,6 +195,9 @@ def test_concurrent_builds_make_one_folder(tmp_path: Path, monkeypatch: pytest.M
         real_write(spec, out_dir)
 
     monkeypatch.setattr(models, "_write_model", counting_write)
+    # Untrained: this test is about the lock and the temporary folder, not the weights.
+    monkeypatch.setattr(models, "MODEL_SPECS", {
+        "tiny-llama": dataclasses.replace(MODEL_SPECS["tiny-llama"], train_steps=0)})
     final = models.model_dir_for("tiny-llama", tmp_path)
     final.parent.mkdir(parents=True)
     stale = final.parent / f".{final.name}.tmp-crashed"
@@ -197,6 +248,8 @@ def test_content_hash_memo(
     built: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = Path(shutil.copytree(built["tiny-granite"], tmp_path / "model"))
+    for p in folder.iterdir():
+        os.utime(p)  # fresh, as if just written (copytree kept the cached build's stamps)
     memo_dir = tmp_path / "memo"
     listing = sorted(p.name for p in folder.iterdir())
 

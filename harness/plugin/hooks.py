@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.models import MODEL_SPECS
+from harness.checks.exposure import exposure_lines
 from harness.lab.inventory import InventoryError, load_inventory
 from harness.lab.quarantine import apply_quarantine, load_quarantine, quarantined_passes
 from harness.lab.shard import parse_shard, shard_key
@@ -248,6 +249,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     hits = misses = 0
     near: list[str] = []
     leases: list[str] = []
+    exposure: list[dict] = []
     for f in files:
         s = json.loads(f.read_text())
         engines += s["engines"]
@@ -255,6 +257,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         misses += s["reference_misses"]
         near += s["near_ties"]
         leases += s.get("leases", [])
+        exposure.append(s.get("exposure", {}))
     tr = terminalreporter
     tr.section("vllm-hil")
     tr.write_line(f"stack: {config.getoption('--stack')}")
@@ -263,7 +266,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     starts = ", ".join(f"{e['config']} {e['seconds']}s" for e in engines) or "none"
     tr.write_line(f"engines started: {len(engines)} ({starts})")
     tr.write_line(f"reference cache: {hits} hits, {misses} computed")
-    if near:
-        tr.write_line(f"near-ties accepted: {len(near)}")
-        for n in near:
-            tr.write_line(f"  near-tie: {n}")
+    tr.write_line(f"near-ties accepted: {len(near)}")
+    for n in near:
+        tr.write_line(f"  near-tie: {n}")
+    for line in exposure_lines(exposure):
+        tr.write_line(line, yellow=line.startswith("WARNING"))

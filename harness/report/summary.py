@@ -3,6 +3,7 @@ failing tests with their category, target, model and first message line."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,8 @@ class RunSummary:
     skipped_by_category: Counter[str] = field(default_factory=Counter)
     failed: list[FailedTest] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # Per model: near-tie exposure and top-1 probabilities of the reference (harness.checks.exposure).
+    exposure: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -118,15 +121,35 @@ def summary_markdown(s: RunSummary, title: str = "vllm-hil run") -> str:
         lines.append("")
     elif s.total:
         lines += ["No failing tests.", ""]
+    if s.exposure:
+        lines += ["## Near-tie exposure", ""] + [f"- {_cell(e)}" for e in s.exposure] + [""]
     if s.problems:
         lines += ["## Results problems", ""] + [f"- {_cell(p)}" for p in s.problems] + [""]
     return "\n".join(lines)
 
 
 def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = None) -> str:
-    """Summarize ``results_dir`` into the markdown file ``out``; returns the text."""
+    """Summarize ``results_dir`` into the markdown file ``out``; returns the text.
+
+    The near-tie exposure comes from the session stats beside it (``../stats``), if any.
+    """
     folder = folder or load_results(results_dir)
-    text = summary_markdown(summarize(folder.tests, folder.problems))
+    s = summarize(folder.tests, folder.problems)
+    s.exposure = exposure_from_stats(Path(results_dir).parent / "stats")
+    text = summary_markdown(s)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text
+
+
+def exposure_from_stats(stats_dir: Path) -> list[str]:
+    """Exposure lines from the pytest workers' stats files (none if there are none)."""
+    from harness.checks.exposure import exposure_lines
+
+    tallies = []
+    for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
+        try:
+            tallies.append(json.loads(f.read_text()).get("exposure") or {})
+        except (OSError, ValueError, AttributeError):
+            continue
+    return exposure_lines(tallies)
