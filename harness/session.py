@@ -377,6 +377,7 @@ class HilSession:
             "engines": self.pool.started,
             "reference_hits": self.ref_cache.hits,
             "reference_misses": self.ref_cache.misses,
+            "reference_bad": list(self.ref_cache.bad),
             "near_ties": self.near_ties,
             "timers": {k: round(v, 3) for k, v in self.timers.items()},
             "leases": [lease.describe() for lease in self.leases.held.values()] if self.leases else [],

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.reference_cache import ReferenceCache
+from harness.reference_check import reference_entry_problem
 from harness.trace import RequestTrace, TokenStep, Trace
 
 NAME = "cpu-ref"
@@ -110,7 +111,11 @@ class ReferenceRunner:
                 )
                 return rt.to_dict()
 
-            d = self.cache.get_or_compute(key_fields, compute)
+            d = self.cache.get_or_compute(
+                key_fields, compute,
+                check=lambda v, r=r: reference_entry_problem(
+                    v, list(r["prompt_token_ids"]), int(r["max_tokens"])),
+            )
             rt = RequestTrace.from_dict(d)
             rt.request_id = r["request_id"]
             trace.requests[r["request_id"]] = rt
