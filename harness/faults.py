@@ -213,7 +213,8 @@ def parse_fault(spec: str, allow_external: bool = False) -> tuple[FaultFn, dict[
     if "." in name:
         raise ValueError(
             f"fault {name!r} is not one of the harness's faults ({', '.join(FAULTS)}); a"
-            " module.function fault runs outside code, pass --allow-external-faults to allow it"
+            " module.function fault imports and runs code from outside the harness: pass"
+            " --allow-external-faults to allow it"
         )
     raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}"
                      " (or a module.function path with --allow-external-faults)")

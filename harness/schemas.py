@@ -85,62 +85,72 @@ class SchemaError(ValueError):
     """A file that does not match its schema; the message names file, place, value and fix."""
 
 
-def _where(path: Sequence[Any], data: Any, item_names: dict[str, str]) -> str:
-    """``device #2 ('card0') field 'address'`` for the path ['device', 1, 'address']."""
-    parts: list[str] = []
+def _where(path: Sequence[Any], data: Any, item_names: dict[str, str]) -> tuple[str, str]:
+    """(``device #2 ('card0')``, ``env.NAME``) for the path ['device', 1, 'env', 'NAME']:
+    the entry the value is in, and the dotted key of the value inside it."""
+    entry_parts: list[str] = []
+    keys: list[str] = []
     node = data
-    i = 0
     path = list(path)
+    i = 0
     while i < len(path):
         key = path[i]
-        if isinstance(key, str) and i + 1 < len(path) and isinstance(path[i + 1], int) \
-                and key in item_names:
+        if isinstance(key, str) and key in item_names and i + 1 < len(path) \
+                and isinstance(path[i + 1], int) and not keys:
             n = path[i + 1]
             entry = node[key][n] if isinstance(node, dict) else None
             label = entry.get(item_names[key]) if isinstance(entry, dict) else None
-            parts.append(f"{key} #{n + 1}" + (f" ({label!r})" if isinstance(label, str) else ""))
+            entry_parts.append(f"{key} #{n + 1}" + (f" ({label!r})" if isinstance(label, str) else ""))
             node = entry
             i += 2
             continue
-        parts.append(f"field {key!r}" if isinstance(key, str) else f"item #{key + 1}")
+        keys.append(str(key) if isinstance(key, str) else f"[{key}]")
         node = node[key] if isinstance(node, (dict, list)) else None
         i += 1
-    return " ".join(parts)
+    return " ".join(entry_parts), ".".join(keys).replace(".[", "[")
 
 
 def _describe(err: ValidationError, data: Any, item_names: dict[str, str]) -> str:
-    path = list(err.absolute_path)
-    # The last key names the value ("kind 'tpu' ..."); the rest says where it is.
-    key = path.pop() if path and isinstance(path[-1], str) else None
-    where = _where(path, data, item_names)
+    where, key = _where(err.absolute_path, data, item_names)
     name = f"{key} " if key else ""
+    scope = f" in {key}" if key else ""
     value = err.instance
+    hint = _HINTS.get(str(err.validator), "fix it")
     if err.validator == "additionalProperties":
         extra = sorted(set(value) - set(err.schema.get("properties", {})))
         known = ", ".join(err.schema.get("properties", {}))
-        scope = f" in {key}" if key else ""
         what = f"unknown field(s) {extra}{scope} (known: {known})"
     elif err.validator == "required":
         missing = [k for k in err.validator_value if k not in value]
-        scope = f" in {key}" if key else ""
         what = f"missing {', '.join(map(repr, missing))}{scope}"
     elif err.validator == "enum":
         what = f"{name}{value!r} is not one of {', '.join(map(str, err.validator_value))}"
     elif err.validator == "type":
-        want = err.validator_value
-        want = " or ".join(want) if isinstance(want, list) else want
-        what = f"{name}{value!r} is a {_TYPE_NAMES.get(type(value).__name__, type(value).__name__)}," \
-               f" expected {want}"
+        wants = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+        seen = _TYPE_NAMES.get(type(value).__name__, type(value).__name__)
+        what = f"{name}{value!r} is {seen}, expected {' or '.join(_WANT_NAMES.get(w, w) for w in wants)}"
+        last = key.rsplit(".", 1)[-1] or "it"
+        if wants == ["array"]:
+            hint = f"write a list ({last} = [...], or [[{last}]] tables in TOML)"
+        elif wants == ["object"]:
+            hint = f"write a table ([{last}] or {last} = {{...}} in TOML)"
+        elif wants == ["string"]:
+            hint = f'quote it ({last} = "...")'
+        else:
+            hint = "write a value of that type"
     elif err.validator == "pattern":
         what = f"{name}{value!r} is not allowed"
+        if err.validator_value == ENV_NAME_PATTERN:
+            hint = "use a variable name: letters, digits and '_', not starting with a digit"
     else:
         what = f"{name}{value!r}: {err.message}"
-    hint = _HINTS.get(str(err.validator), "fix it")
     return f"{where + ': ' if where else ''}{what}; {hint}"
 
 
-_TYPE_NAMES = {"int": "integer", "str": "string", "dict": "table", "list": "list",
-               "float": "number", "bool": "boolean"}
+_TYPE_NAMES = {"int": "a number", "str": "a string", "dict": "a table", "list": "a list",
+               "float": "a number", "bool": "a boolean"}
+_WANT_NAMES = {"string": "a string", "array": "a list", "object": "a table",
+               "integer": "a whole number", "boolean": "true or false", "number": "a number"}
 
 
 def check(data: Any, schema: dict[str, Any], source: str,

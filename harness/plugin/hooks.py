@@ -176,8 +176,11 @@ def pytest_configure(config: pytest.Config) -> None:
     from harness.faults import ALLOW_EXTERNAL_ENV, parse_fault
 
     allow_external = bool(config.getoption("--allow-external-faults"))
+    # Engines install the faults and inherit this; only the option may allow outside code.
     if allow_external:
-        os.environ[ALLOW_EXTERNAL_ENV] = "1"  # engines install the faults; they inherit this
+        os.environ[ALLOW_EXTERNAL_ENV] = "1"
+    else:
+        os.environ.pop(ALLOW_EXTERNAL_ENV, None)
     for spec in config.getoption("--inject-fault"):
         try:
             parse_fault(spec, allow_external=allow_external)

@@ -71,14 +71,14 @@ def find_tool(env: Mapping[str, str] | None = None) -> tuple[str, str]:
         )
     java_home = env.get("JAVA_HOME", "")
     if java_home and not os.access(os.path.join(java_home, "bin", "java"), os.X_OK):
-        on_path = shutil.which("java")
+        on_path = shutil.which("java", path=env.get("PATH"))
         fix = (f"unset JAVA_HOME to use {on_path} (java on PATH)" if on_path
                else "point it at a Java 11+ installation or run ./setup.sh")
         raise ReportToolMissing(
             f"JAVA_HOME={java_home} has no executable bin/java, and Allure 2 runs java from"
             f" there; {fix}"
         )
-    java = (os.path.join(java_home, "bin", "java") if java_home else "") or shutil.which("java")
+    java = (os.path.join(java_home, "bin", "java") if java_home else "") or shutil.which("java", path=env.get("PATH"))
     if not java or not os.access(java, os.X_OK):
         raise ReportToolMissing(
             "Java is not installed, and Allure 2 needs it: looked for $JAVA_HOME/bin/java and"
