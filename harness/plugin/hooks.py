@@ -262,8 +262,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    if _is_worker(config):
-        return
+    if _is_worker(config) or writes_nothing(config):
+        return  # a collect-only run must not report the statistics of another run
     for nodeid in quarantined_passes(terminalreporter):
         terminalreporter.write_line(
             f"WARNING: quarantined test passes now; remove it from quarantine: {nodeid}",
