@@ -677,3 +677,24 @@ def test_run_summary_names_bad_reference_entries(tmp_path):
     session.ref_cache.bad.append("x.json: wrong shape; recomputed")
     path = session.write_stats("main")
     assert json.loads(path.read_text())["reference_bad"] == ["x.json: wrong shape; recomputed"]
+
+
+def test_accepted_arguments_clean_the_previous_results_once(tmp_path):
+    """The other side of the rows above: a run whose arguments pytest accepts replaces the
+    previous results (hil run passes --hil-clean-results to its first pytest run)."""
+    suite = write(tmp_path, "test_quick.py", "def test_quick():\n    pass\n")
+    reports = tmp_path / "reports"
+    earlier = earlier_run(reports)
+    results = reports / "allure-results"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+           "-p", "harness.plugin.hooks", "-p", "harness.plugin.fixtures",
+           "-p", "harness.plugin.allure_report", f"--alluredir={results}", "--hil-clean-results",
+           f"--hil-reports-dir={reports}", str(suite)]
+    run = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not (results / "old-result.json").exists()
+    assert not (reports / "stats").exists() and not (reports / "devices").exists()
+    assert len(list(results.glob("*-result.json"))) == 1
+    assert (results / "environment.properties").read_bytes() != earlier[results / "environment.properties"]
+    assert (reports / "summary.md").read_bytes() == b"# earlier summary\n"  # hil run rewrites it
