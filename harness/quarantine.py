@@ -40,11 +40,13 @@ def load_quarantine(path: Path, required: bool = False) -> list[KnownFailure]:
     (a path the user named must exist). ValueError names the file, entry and fix."""
     from harness.schemas import QUARANTINE_SCHEMA, check, read_utf8
 
-    if not path.is_file():
+    if not path.exists():
         if required:
             raise ValueError(f"--quarantine: file not found: {path}; pass an existing TOML file"
-                             " of [[known]] entries, or leave the option out")
+                             " of [[known]] entries (or /dev/null for none), or leave the option out")
         return []
+    if path.is_dir():
+        raise ValueError(f"--quarantine: {path} is a folder; pass a TOML file of [[known]] entries")
     text = read_utf8(path, "quarantine file")
     try:
         data = tomllib.loads(text)

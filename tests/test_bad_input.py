@@ -452,6 +452,12 @@ def test_inventory_external_fault_allowed_only_when_asked(tmp_path):
     assert load_inventory(own).devices[0].id == "card0"
 
 
+def test_quarantine_none_and_a_folder(tmp_path):
+    assert load_quarantine(Path("/dev/null"), required=True) == []  # "no quarantine"
+    with pytest.raises(ValueError, match=f"--quarantine: {tmp_path} is a folder"):
+        load_quarantine(tmp_path, required=True)
+
+
 def test_faults_by_name_only_unless_allowed(monkeypatch):
     with pytest.raises(ValueError, match="pass --allow-external-faults"):
         parse_fault("os.system:command=id")
