@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,13 +30,19 @@ ROOT = Path(__file__).resolve().parent.parent
 def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     reports = Path(args.reports_dir)
     allure_dir = reports / "allure-results"
-    # Cleaned here, once, not by xdist workers racing on --clean-alluredir.
-    shutil.rmtree(allure_dir, ignore_errors=True)
-    allure_dir.mkdir(parents=True, exist_ok=True)
     stacks = [x.strip() for x in getattr(args, "stacks", "default").split(",") if x.strip()]
+    problem = stacks_problem(getattr(args, "stacks", "default"), stacks)
+    if problem:
+        # Refused before anything is touched: the previous results and report stay.
+        print(f"hil run: {problem}", file=sys.stderr)
+        return 2
+    allure_dir.mkdir(parents=True, exist_ok=True)
     rc = 0
+    cleaned = False
     for stack in stacks:
         # One pytest run per stack, all into one results folder: one report, side by side.
+        # The first run empties the folder, and only once pytest accepted its arguments
+        # (--hil-clean-results), so a refused run keeps the previous results.
         junit = reports / ("junit.xml" if stack == "default" else f"junit-{stack}.xml")
         cmd = [
             sys.executable, "-m", "pytest", str(ROOT / "suites"),
@@ -45,16 +50,40 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
             f"--junitxml={junit}",
             f"--hil-reports-dir={reports}",
             f"--stack={stack}",
+            *([] if cleaned else ["--hil-clean-results"]),
             *extra,
         ]
         print("hil run:", " ".join(cmd[2:]), flush=True)
         code = subprocess.call(cmd, cwd=ROOT)
         rc = rc or code
+        if code == USAGE_ERROR and not cleaned:
+            print(f"hil run: pytest refused the arguments (exit {code}); the previous results"
+                  f" in {allure_dir} and {reports / 'summary.md'} are kept", file=sys.stderr)
+            return code
+        cleaned = True
     print(f"hil run: reports in {reports} (junit*.xml, allure-results/, engine-logs/)")
     from harness.report.summary import write_summary
 
     print(write_summary(allure_dir, reports / "summary.md"), flush=True)
     return rc
+
+
+USAGE_ERROR = 4  # pytest's exit code for arguments it refused
+
+
+def stacks_problem(value: str, stacks: list[str]) -> str | None:
+    """Why ``--stacks value`` cannot run, or None."""
+    from harness.stacks import StackError, list_stacks, load_stack
+
+    if not stacks:
+        return (f"--stacks {value!r} names no stack; name one or more of: {list_stacks()}"
+                " (or leave the option out for the default stack)")
+    for name in stacks:
+        try:
+            load_stack(name)
+        except StackError as e:
+            return f"--stacks: {e}"
+    return None
 
 
 def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
@@ -66,6 +95,11 @@ def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
 
         return merge_command(args.sources, reports, Path(args.output or reports / "allure-report"),
                              reports / "summary.md", history=not args.no_history)
+    results = Path(args.results or reports / "allure-results")
+    if not results.is_dir():
+        print(f"hil report: --results {results}: no such results folder; pass the allure-results"
+              " folder of a run (or run `hil run` first). Nothing was changed", file=sys.stderr)
+        return 2
     from harness.report.lab_report import keep_durations
 
     keep_durations(Path(args.results or reports / "allure-results"), reports)

@@ -34,37 +34,55 @@ class ReferenceCache:
         self.enabled = enabled
         self.hits = 0
         self.misses = 0
+        self.bad: list[str] = []  # entries found damaged or not matching their key, recomputed
 
     def path_for(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
-    def _read(self, path: Path) -> dict[str, Any] | None:
+    def _read(self, path: Path, fields: dict[str, Any] | None = None,
+              check: Callable[[dict[str, Any]], str | None] | None = None) -> dict[str, Any] | None:
+        """The entry's value, or None when absent; an entry that is not JSON, was stored
+        for other key fields, or whose value ``check`` refuses is recorded in ``bad``."""
         try:
             with open(path, encoding="utf-8") as f:
                 entry = json.load(f)
-            return entry["value"]
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError):
-            # A damaged entry is a miss, and is overwritten below.
-            return None
+        except (OSError, ValueError) as e:
+            return self._bad(path, f"unreadable ({e.__class__.__name__})")
+        if not isinstance(entry, dict) or not isinstance(entry.get("value"), dict):
+            return self._bad(path, "not an object with a 'value' object")
+        if fields is not None and entry.get("key_fields") != json.loads(json.dumps(fields)):
+            return self._bad(path, "its key fields do not match its name")
+        problem = check(entry["value"]) if check is not None else None
+        if problem:
+            return self._bad(path, problem)
+        return entry["value"]
+
+    def _bad(self, path: Path, why: str) -> None:
+        note = f"{path}: {why}; recomputed"
+        if note not in self.bad:
+            self.bad.append(note)
+        return None
 
     def get_or_compute(
-        self, fields: dict[str, Any], compute: Callable[[], dict[str, Any]]
+        self, fields: dict[str, Any], compute: Callable[[], dict[str, Any]],
+        check: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> dict[str, Any]:
-        """The cached value for ``fields``, computing and storing it on a miss."""
+        """The cached value for ``fields``, computing and storing it on a miss; an entry
+        that fails verification (key fields, ``check`` of its value) is recomputed."""
         if not self.enabled:
             self.misses += 1
             return compute()
         key = cache_key(fields)
         path = self.path_for(key)
-        value = self._read(path)
+        value = self._read(path, fields, check)
         if value is not None:
             self.hits += 1
             return value
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path) + ".lock"):
-            value = self._read(path)  # another worker may have finished first
+            value = self._read(path, fields, check)  # another worker may have finished first
             if value is not None:
                 self.hits += 1
                 return value

@@ -89,6 +89,28 @@ def resolve_size(size: int | str, max_num_seqs: int) -> int:
     raise ValueError(f"case size {size!r} is not an integer, 'max_num_seqs' or 'max_num_seqs+N'")
 
 
+def _cases_using(ps: PromptSet, pid: str) -> str:
+    cases = [c for c, case in ps.cases.items()
+             if pid in case.get("prompts", []) or ("size" in case and pid in ps.pool)]
+    return f" (used by case {', '.join(map(repr, cases))})" if cases else ""
+
+
+def check_prompts(ps: PromptSet, source: str) -> None:
+    """Refuse prompts no engine can run: empty text, length < 1, max_tokens < 1."""
+    if ps.max_tokens < 1:
+        raise ValueError(f"{source}: max_tokens {ps.max_tokens} must be at least 1")
+    for pid, p in ps.prompts.items():
+        where = f"{source}: prompt {pid!r}{_cases_using(ps, pid)}"
+        text = p.get("text") if isinstance(p, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{where}: text {text!r} is empty; give it some text")
+        if "length" in p and (not isinstance(p["length"], int) or p["length"] < 1):
+            raise ValueError(f"{where}: length {p['length']!r} must be a whole number of"
+                             " tokens, at least 1")
+        if "max_tokens" in p and (not isinstance(p["max_tokens"], int) or p["max_tokens"] < 1):
+            raise ValueError(f"{where}: max_tokens {p['max_tokens']!r} must be at least 1")
+
+
 class PromptSet:
     """A prompt-set file: limits, prompts and cases."""
 
@@ -114,6 +136,7 @@ class PromptSet:
         for pid in self.pool:
             if pid not in self.prompts:
                 raise ValueError(f"{source}: pool names unknown prompt {pid!r}")
+        check_prompts(self, source)
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> PromptSet:
@@ -148,6 +171,9 @@ class PromptSet:
                 ids = prompt_of_length(tokenizer, p["text"], int(p["length"]))
             else:
                 ids = tokenizer.encode(p["text"], add_special_tokens=False)
+            if not ids:
+                raise ValueError(f"{self.source}: case {case_id!r}, prompt {pid!r}: text"
+                                 f" {p['text']!r} encodes to no tokens; give it some text")
             requests.append(
                 RequestSpec(
                     request_id=f"{i}-{pid}",

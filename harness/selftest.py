@@ -25,7 +25,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.faults import FAULTS
+from harness.engine.faults import FAULTS
 from harness.report.categories import classify
 
 TOKEN = "suites/test_token_equality.py"

@@ -243,6 +243,7 @@ class HilSession:
             near_ties=list(self.near_ties),
             timers=self.timers.rounded(),
             exposure=self.exposure.to_dict(),
+            reference_bad=list(self.ref_cache.bad),
             leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],
         )
 

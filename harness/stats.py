@@ -41,6 +41,7 @@ class SessionStats:
     engines: list[dict[str, Any]] = field(default_factory=list)
     reference_hits: int = 0
     reference_misses: int = 0
+    reference_bad: list[str] = field(default_factory=list)  # bad cache entries recomputed
     near_ties: list[str] = field(default_factory=list)
     timers: dict[str, float] = field(default_factory=dict)
     exposure: dict[str, Any] = field(default_factory=dict)  # harness.checks.exposure tally

@@ -22,8 +22,12 @@ def select_variants(spec: str | None) -> list[TargetVariant]:
     """
     if not spec:
         return list(VARIANTS.values())
+    words = [w.strip() for w in spec.split(",") if w.strip()]
+    if not words:
+        raise ValueError(f"{spec!r} names no target; name one or more of: {', '.join(VARIANTS)}"
+                         " (or leave the option out to run all)")
     chosen: dict[str, TargetVariant] = {}
-    for word in [w.strip() for w in spec.split(",") if w.strip()]:
+    for word in words:
         hits = [
             v
             for v in VARIANTS.values()

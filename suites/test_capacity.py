@@ -9,10 +9,10 @@ import pytest
 
 from harness.checks.capacity import CapacityError, blocks_needed, check_pool_serves_full_batch
 from harness.checks.preemption import check_no_preemption
-from harness.targets.spyre import BLOCK_SIZE as SPYRE_BLOCK_SIZE
 from harness.engine.geometry import CPU_BLOCK_SIZE
 from harness.engine.host import EngineStartError
 from harness.scenario import EngineLimits, shaped_scenario
+from harness.targets.spyre import BLOCK_SIZE as SPYRE_BLOCK_SIZE
 
 pytestmark = [pytest.mark.capacity, pytest.mark.nightly, pytest.mark.timeout(900)]
 

@@ -13,9 +13,9 @@ import pytest
 
 from harness.checks.capacity import blocks_needed
 from harness.checks.preemption import check_full_batch, check_no_preemption, check_preemption_seen
-from harness.targets.spyre import BLOCK_SIZE as SPYRE_BLOCK_SIZE
 from harness.engine.geometry import CPU_BLOCK_SIZE, FULL_BATCH
 from harness.scenario import EngineLimits, shaped_scenario
+from harness.targets.spyre import BLOCK_SIZE as SPYRE_BLOCK_SIZE
 
 pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout(1800)]
 

@@ -165,6 +165,6 @@ def test_quarantine_file(tmp_path):
     assert k.matches("suites/x.py::t[a-cb-b]") and not k.matches("suites/x.py::t[a-cp-b]")
     assert load_quarantine(tmp_path / "missing.toml") == []
     bad = write(tmp_path, "bad.toml", '[[known]]\ntest = "x"\n')
-    with pytest.raises(ValueError, match="lacks reason, issue"):
+    with pytest.raises(ValueError, match="known #1 \\('x'\\): missing 'reason', 'issue'"):
         load_quarantine(bad)
     assert KnownFailure("a", "b", "c").matches("a")

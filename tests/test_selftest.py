@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness.faults import FAULTS
 
+from harness.engine.faults import FAULTS
 from harness.report.categories import classify
 from harness.report.results import labels_of, load_results
 from harness.selftest import (

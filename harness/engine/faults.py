@@ -1,8 +1,8 @@
 """Faults injected into the real stack, to prove that each check can fail.
 
 A fault is named in ``EngineConfig.faults`` (or with ``--inject-fault``) as
-``NAME`` or ``NAME:key=value,key=value``; NAME is a key of ``FAULTS`` or a
-``package.module.function`` path. It runs inside the engine process before
+``NAME`` or ``NAME:key=value,key=value``; NAME is a key of ``FAULTS``, or a
+``package.module.function`` path when ``--allow-external-faults`` is given. It runs inside the engine process before
 vLLM builds the engine, so it can patch vLLM or a plugin at class level.
 Faults print a ``[hil] fault`` line to the engine log when they fire.
 """
@@ -192,8 +192,12 @@ FAULTS: dict[str, FaultFn] = {
 }
 
 
-def parse_fault(spec: str) -> tuple[FaultFn, dict[str, str]]:
-    """``NAME[:k=v,...]`` -> (function, keyword arguments as strings)."""
+ALLOW_EXTERNAL_ENV = "HIL_ALLOW_EXTERNAL_FAULTS"
+
+
+def parse_fault(spec: str, allow_external: bool = False) -> tuple[FaultFn, dict[str, str]]:
+    """``NAME[:k=v,...]`` -> (function, keyword arguments as strings). A
+    ``module.function`` NAME imports and calls code, so it needs ``allow_external``."""
     name, _, argstr = spec.partition(":")
     kwargs: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in argstr.split(","))):
@@ -203,19 +207,44 @@ def parse_fault(spec: str) -> tuple[FaultFn, dict[str, str]]:
         kwargs[key.strip()] = value.strip()
     if name in FAULTS:
         return FAULTS[name], kwargs
-    if "." in name:
+    if "." in name and allow_external:
         module, _, func = name.rpartition(".")
         return getattr(importlib.import_module(module), func), kwargs
-    raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)} (or a module.function path)")
+    if "." in name:
+        raise ValueError(
+            f"fault {name!r} is not one of the harness's faults ({', '.join(FAULTS)}); a"
+            " module.function fault imports and runs code from outside the harness: pass"
+            " --allow-external-faults to allow it"
+        )
+    raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}"
+                     " (or a module.function path with --allow-external-faults)")
+
+
+def env_fault_specs(value: str) -> list[str]:
+    """The fault specs of a ``HIL_FAULTS`` value (separated by ";")."""
+    return [x.strip() for x in value.split(";") if x.strip()]
+
+
+def check_fault_specs(value: str, allow_external: bool = False) -> None:
+    """Raise ValueError for a ``HIL_FAULTS`` value naming a fault not allowed (nothing is
+    imported for a known name; an external one is only checked by name here)."""
+    for spec in env_fault_specs(value):
+        name = spec.partition(":")[0]
+        if name in FAULTS or ("." in name and allow_external):
+            continue
+        parse_fault(spec, allow_external=False)  # raises with the message
 
 
 def apply_faults(specs: list[str], config: dict[str, Any]) -> None:
     """Install every fault in ``specs`` and in ``$HIL_FAULTS`` (separated by ";"; set per
-    device in an inventory to simulate a broken card); called before vLLM starts."""
+    device in an inventory to simulate a broken card); called before vLLM starts.
+    External ``module.function`` faults only with ``$HIL_ALLOW_EXTERNAL_FAULTS=1``, which
+    ``--allow-external-faults`` sets."""
     import os
 
-    env_specs = [x.strip() for x in os.environ.get("HIL_FAULTS", "").split(";") if x.strip()]
+    allow = os.environ.get(ALLOW_EXTERNAL_ENV, "") not in ("", "0")
+    env_specs = env_fault_specs(os.environ.get("HIL_FAULTS", ""))
     for spec in list(specs) + env_specs:
-        fn, kwargs = parse_fault(spec)
+        fn, kwargs = parse_fault(spec, allow_external=allow)
         fn(config, **kwargs)
         print(f"[hil] fault installed: {spec}", flush=True)

@@ -84,7 +84,12 @@ def _present(kind: str, address: str | None, root: Path) -> tuple[bool, str]:
 
 
 def _parse(path: Path) -> tuple[dict[str, Any], str]:
-    text = path.read_text(encoding="utf-8")
+    from harness.lab.schemas import SchemaError, read_utf8
+
+    try:
+        text = read_utf8(path, "inventory file")
+    except SchemaError as e:
+        raise InventoryError(str(e)) from None
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
@@ -101,14 +106,22 @@ def _parse(path: Path) -> tuple[dict[str, Any], str]:
         raise InventoryError(f"{path}: invalid TOML: {e}") from None
 
 
-def load_inventory(path: Path, root: Path = Path("/")) -> Inventory:
+def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bool = False) -> Inventory:
     """Read and validate an inventory file; absent devices are kept, marked absent."""
+    from harness.engine.faults import check_fault_specs
+    from harness.lab.schemas import SchemaError, check, inventory_schema
+
     if not path.is_file():
-        raise InventoryError(f"inventory file not found: {path}")
+        raise InventoryError(f"inventory file not found: {path}; pass --inventory an existing"
+                             " TOML or YAML file")
     data, _ = _parse(path)
     entries = data.get("device") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         raise InventoryError(f"{path}: no devices: expected a list under 'device' ([[device]] in TOML)")
+    try:
+        check(data, inventory_schema(), str(path), item_names={"device": "id"})
+    except SchemaError as e:
+        raise InventoryError(str(e)) from None
     devices: list[InventoryDevice] = []
     seen: set[str] = set()
     for n, e in enumerate(entries, 1):
@@ -144,6 +157,10 @@ def load_inventory(path: Path, root: Path = Path("/")) -> Inventory:
         env = e.get("env", {})
         if not isinstance(env, dict):
             raise InventoryError(f"{where}: env must be a table of NAME = \"value\"")
+        try:
+            check_fault_specs(str(env.get("HIL_FAULTS", "")), allow_external_faults)
+        except ValueError as err:
+            raise InventoryError(f"{where}: env HIL_FAULTS: {err}") from None
         present, detail = _present(kind, e.get("address"), root)
         devices.append(InventoryDevice(
             id=dev_id, kind=kind, backend=backend or dk.default_backend,

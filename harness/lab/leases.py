@@ -1,6 +1,7 @@
 """Device leases: each pytest process (xdist worker) holds its own device.
 
-A lease is a kernel file lock (``filelock``) on ``<lease dir>/<device id>.lock``;
+A lease is a kernel file lock (flock, ``harness.lab.lease_files``) on
+``<lease dir>/<device id>.lock`` in a folder this user owns (mode 0700);
 the kernel drops it when the holder dies, so a crashed worker never strands a
 device. Exclusive access does not rely on xdist's scheduling. A worker keeps its
 lease for the rest of the session (its engines live on that device).
@@ -18,9 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 from harness.lab.inventory import Inventory, InventoryDevice
+from harness.lab.lease_files import LockFile, clean_stale_holders, ensure_lease_dir, write_holder
 
 
 class LeaseUnavailable(RuntimeError):
@@ -32,7 +32,7 @@ class Lease:
     device: InventoryDevice
     worker: str
     exclusive: bool
-    lock: FileLock | None
+    lock: LockFile | None
 
     def env(self) -> dict[str, str]:
         """Variables set in every engine started under this lease."""
@@ -57,11 +57,15 @@ class LeaseManager:
         self.wait_seconds = wait_seconds
         self.share = share
         self.held: dict[str, Lease] = {}
-        lease_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_ready = False  # checked when a device is first leased: CPU-only runs never need it
         run_dir.mkdir(parents=True, exist_ok=True)
 
-    def _lock(self, device: InventoryDevice) -> FileLock:
-        return FileLock(str(self.lease_dir / f"{device.id}.lock"))
+    def _lock(self, device: InventoryDevice) -> LockFile:
+        if not self._dir_ready:
+            ensure_lease_dir(self.lease_dir)
+            clean_stale_holders(self.lease_dir)
+            self._dir_ready = True
+        return LockFile(self.lease_dir / f"{device.id}.lock")
 
     def leased_devices(self, target: str, backend: str | None,
                        mode: str | None) -> list[InventoryDevice]:
@@ -105,17 +109,16 @@ class LeaseManager:
         """An exclusive lease on the first of ``devices`` whose lock is free, or None."""
         for d in devices:
             lock = self._lock(d)
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
+            if not lock.try_acquire():
                 continue
             return self._hold(Lease(d, self.worker, True, lock))
         return None
 
     def _hold(self, lease: Lease) -> Lease:
         self.held[lease.device.id] = lease
-        (self.lease_dir / f"{lease.device.id}.holder").write_text(
-            json.dumps({"worker": self.worker, "pid": os.getpid(), "since": time.time()}))
+        if lease.lock is not None:  # a shared lease holds no lock and writes no record
+            write_holder(self.lease_dir / f"{lease.device.id}.holder",
+                         {"worker": self.worker, "pid": os.getpid(), "since": time.time()})
         return lease
 
     def mark_broken(self, device: InventoryDevice, test: str, error: str) -> None:
@@ -140,5 +143,6 @@ class LeaseManager:
     def release_all(self) -> None:
         for lease in self.held.values():
             if lease.lock is not None:
+                (self.lease_dir / f"{lease.device.id}.holder").unlink(missing_ok=True)
                 lease.lock.release()
         self.held.clear()

@@ -35,21 +35,25 @@ class KnownFailure:
         return re.fullmatch(pattern, nodeid) is not None
 
 
-def load_quarantine(path: Path) -> list[KnownFailure]:
-    """The entries of a quarantine file ([] when it does not exist)."""
-    if not path.is_file():
+def load_quarantine(path: Path, required: bool = False) -> list[KnownFailure]:
+    """The entries of a quarantine file; [] when it does not exist and is not ``required``
+    (a path the user named must exist). ValueError names the file, entry and fix."""
+    from harness.lab.schemas import QUARANTINE_SCHEMA, check, read_utf8
+
+    if not path.exists():
+        if required:
+            raise ValueError(f"--quarantine: file not found: {path}; pass an existing TOML file"
+                             " of [[known]] entries (or /dev/null for none), or leave the option out")
         return []
+    if path.is_dir():
+        raise ValueError(f"--quarantine: {path} is a folder; pass a TOML file of [[known]] entries")
+    text = read_utf8(path, "quarantine file")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}") from None
-    out = []
-    for n, e in enumerate(data.get("known", []), 1):
-        missing = [k for k in ("test", "reason", "issue") if not e.get(k)]
-        if missing:
-            raise ValueError(f"{path}: known failure #{n} lacks {', '.join(missing)}")
-        out.append(KnownFailure(str(e["test"]), str(e["reason"]), str(e["issue"])))
-    return out
+    check(data, QUARANTINE_SCHEMA, str(path), item_names={"known": "test"})
+    return [KnownFailure(e["test"], e["reason"], e["issue"]) for e in data.get("known", [])]
 
 
 def apply_quarantine(items: list[Any], known: list[KnownFailure]) -> None:

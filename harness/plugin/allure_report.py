@@ -80,9 +80,21 @@ def shard_with_plan(config: pytest.Config) -> str:
 
 
 @pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Written at the start too, so a run killed before its end (a CI timeout) still
+    # leaves a report with its environment; rewritten at the end.
+    _write_config(session.config)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    config = session.config
-    if not _active(config) or _is_worker(config):
+    _write_config(session.config)
+
+
+def _write_config(config: pytest.Config) -> None:
+    from harness.plugin.invocation import writes_nothing
+
+    if not _active(config) or _is_worker(config) or writes_nothing(config):
         return
     from harness.report.config import RunOptions, write_run_config
 

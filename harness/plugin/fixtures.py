@@ -10,6 +10,7 @@ import pytest
 
 from harness.checks.tokens import NearTiePolicy
 from harness.lab.inventory import discover_inventory, load_inventory
+from harness.lab.lease_files import LeaseDirError
 from harness.lab.leases import LeaseManager, LeaseUnavailable
 from harness.session import HilSession, Model, SessionOptions
 from harness.targets import kind
@@ -42,7 +43,8 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         stack=opt("--stack"),
     )
     inv_path = opt("--inventory")
-    inventory = load_inventory(Path(inv_path)) if inv_path else discover_inventory()
+    inventory = (load_inventory(Path(inv_path), allow_external_faults=opt("--allow-external-faults"))
+                 if inv_path else discover_inventory())
     leases = LeaseManager(
         inventory,
         lease_dir=Path(opt("--lease-dir")),
@@ -95,6 +97,8 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
         lease = leases.lease(variant.target, variant.backend, variant.mode)
     except LeaseUnavailable as e:
         _missing(request, str(e))
+    except LeaseDirError as e:  # a setting to fix, not a missing device: never a skip
+        pytest.fail(str(e), pytrace=False)
     assert lease is not None
     request.node.user_properties.append(("device", lease.device.id))
     broken = leases.broken(lease.device)

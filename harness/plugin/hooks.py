@@ -13,9 +13,12 @@ import pytest
 from fixtures.models import MODEL_SPECS
 from harness.checks.exposure import exposure_lines
 from harness.lab.inventory import InventoryError, load_inventory
+from harness.lab.lease_files import default_lease_dir
 from harness.lab.quarantine import apply_quarantine, load_quarantine, quarantined_passes
 from harness.lab.shard import parse_shard, shard_key
 from harness.lab.shard_plan import DurationsError, durations_for, group_items, plan_shards
+from harness.model_check import ModelFolderError, check_model_folder
+from harness.plugin.invocation import writes_nothing
 from harness.targets import all_modes, engine_kinds, kind_markers
 from harness.variants import VARIANTS, select_variants
 
@@ -37,6 +40,18 @@ MARKERS = {
 }
 
 DEFAULT_MODELS = ",".join(MODEL_SPECS)
+DEFAULT_QUARANTINE = ROOT / "quarantine.toml"
+
+
+def empty_folder(folder: Path) -> None:
+    """Remove what ``folder`` holds, keeping the folder (allure-pytest already opened it)."""
+    if not folder.is_dir():
+        return
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -79,11 +94,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--inject-fault", action="append", default=[], metavar="FAULT[:k=v,...]",
                 help="install a fault (harness/engine/faults.py) in every engine, to prove the"
                 " checks fail; repeatable")
+    g.addoption("--allow-external-faults", action="store_true",
+                help="allow --inject-fault and an inventory's HIL_FAULTS to name a"
+                " module.function outside harness/engine/faults.py (it is imported and run)")
+    g.addoption("--hil-clean-results", action="store_true",
+                help="empty --alluredir once the arguments are accepted (hil run passes it, so"
+                " a refused run keeps the previous results)")
     g.addoption("--inventory", default=os.environ.get("HIL_INVENTORY", ""),
                 help="inventory file (TOML or YAML) listing this host's devices; overrides"
                 " discovery (env HIL_INVENTORY)")
-    g.addoption("--lease-dir", default=os.environ.get("HIL_LEASE_DIR", "/tmp/vllm-hil-leases"),
-                help="host-wide folder of device lease locks (env HIL_LEASE_DIR)")
+    g.addoption("--lease-dir", default=os.environ.get("HIL_LEASE_DIR", str(default_lease_dir())),
+                help="folder of device lease locks, owned by you, mode 0700 (env HIL_LEASE_DIR;"
+                " default: a per-user folder)")
     g.addoption("--lease-wait", type=float, default=600.0,
                 help="seconds a worker waits for a device when all are leased (default 600)")
     g.addoption("--lease-share", action="store_true",
@@ -94,7 +116,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 metavar="FILE", help="balance --shard by these test durations (durations.json"
                 " from `hil report`, or a junit xml); default REPORTS_DIR/durations.json when"
                 " present, else by test count (env HIL_SHARD_DURATIONS)")
-    g.addoption("--quarantine", default=os.environ.get("HIL_QUARANTINE", str(ROOT / "quarantine.toml")),
+    g.addoption("--quarantine", default=os.environ.get("HIL_QUARANTINE", str(DEFAULT_QUARANTINE)),
                 help="known failures: run and reported as known, not failing the run")
     g.addoption("--stack", default=os.environ.get("HIL_STACK", "default"),
                 help="the pinned stack (stacks/NAME.toml) whose venv runs the engines; install it"
@@ -115,7 +137,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _is_worker(session.config):
+    if _is_worker(session.config) or writes_nothing(session.config):
         return
     import psutil
 
@@ -141,17 +163,31 @@ def pytest_configure(config: pytest.Config) -> None:
         select_variants(config.getoption("--target"))
     except ValueError as e:
         raise pytest.UsageError(f"--target: {e}") from None
+    if not model_values(config):
+        raise pytest.UsageError(f"--model {config.getoption('--model')!r} names no model; pass"
+                                f" one of: {', '.join(MODEL_SPECS)}, or a local model folder")
     for m in model_values(config):
         if m not in MODEL_SPECS and not Path(m).is_dir():
             raise pytest.UsageError(
                 f"--model: model folder not found: {m}; pass a local model folder (containing"
                 f" config.json) or one of: {', '.join(MODEL_SPECS)}"
             )
-    from harness.engine.faults import parse_fault
+        if m not in MODEL_SPECS:
+            try:
+                check_model_folder(Path(m))
+            except ModelFolderError as e:
+                raise pytest.UsageError(f"--model: {e}") from None
+    from harness.engine.faults import ALLOW_EXTERNAL_ENV, parse_fault
 
+    allow_external = bool(config.getoption("--allow-external-faults"))
+    # Engines install the faults and inherit this; only the option may allow outside code.
+    if allow_external:
+        os.environ[ALLOW_EXTERNAL_ENV] = "1"
+    else:
+        os.environ.pop(ALLOW_EXTERNAL_ENV, None)
     for spec in config.getoption("--inject-fault"):
         try:
-            parse_fault(spec)
+            parse_fault(spec, allow_external=allow_external)
         except (ValueError, ImportError, AttributeError) as e:
             raise pytest.UsageError(f"--inject-fault: {e}") from None
     from harness.stacks import StackError, load_stack
@@ -162,17 +198,23 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--stack: {e}") from None
     try:
         config.stash[SHARD_KEY] = parse_shard(config.getoption("--shard"))
-        config.stash[QUARANTINE_KEY] = load_quarantine(Path(config.getoption("--quarantine")))
+        quarantine = str(config.getoption("--quarantine"))
+        config.stash[QUARANTINE_KEY] = load_quarantine(
+            Path(quarantine), required=quarantine != str(DEFAULT_QUARANTINE))
         inv = config.getoption("--inventory")
         if inv:
-            load_inventory(Path(inv))
+            load_inventory(Path(inv), allow_external_faults=allow_external)
     except (ValueError, InventoryError) as e:
         raise pytest.UsageError(str(e)) from None
-    if not _is_worker(config):
-        # Stale per-worker statistics and broken-device records of an earlier run must go.
+    if not _is_worker(config) and not writes_nothing(config):
+        # Only now that every argument is accepted: stale per-worker statistics and
+        # broken-device records of an earlier run must go, and (for hil run) the results.
         reports = Path(config.getoption("--hil-reports-dir"))
         shutil.rmtree(reports / "stats", ignore_errors=True)
         shutil.rmtree(reports / "devices", ignore_errors=True)
+        alluredir = getattr(config.option, "allure_report_dir", None)
+        if config.getoption("--hil-clean-results") and alluredir:
+            empty_folder(Path(alluredir))
 
 
 def _model_id(value: str) -> str:
@@ -235,8 +277,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    if _is_worker(config):
-        return
+    if _is_worker(config) or writes_nothing(config):
+        return  # a collect-only run must not report the statistics of another run
     for nodeid in quarantined_passes(terminalreporter):
         terminalreporter.write_line(
             f"WARNING: quarantined test passes now; remove it from quarantine: {nodeid}",
@@ -250,6 +292,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     near: list[str] = []
     leases: list[str] = []
     exposure: list[dict] = []
+    bad: list[str] = []
     for f in files:
         s = json.loads(f.read_text())
         engines += s["engines"]
@@ -258,6 +301,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         near += s["near_ties"]
         leases += s.get("leases", [])
         exposure.append(s.get("exposure", {}))
+        bad += s.get("reference_bad", [])
     tr = terminalreporter
     tr.section("vllm-hil")
     tr.write_line(f"stack: {config.getoption('--stack')}")
@@ -266,6 +310,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     starts = ", ".join(f"{e['config']} {e['seconds']}s" for e in engines) or "none"
     tr.write_line(f"engines started: {len(engines)} ({starts})")
     tr.write_line(f"reference cache: {hits} hits, {misses} computed")
+    if bad:
+        tr.write_line(f"reference cache: {len(bad)} bad entr{'y' if len(bad) == 1 else 'ies'}"
+                      " recomputed", yellow=True)
+        for b in bad:
+            tr.write_line(f"  bad entry: {b}")
     tr.write_line(f"near-ties accepted: {len(near)}")
     for n in near:
         tr.write_line(f"  near-tie: {n}")

@@ -70,7 +70,15 @@ def find_tool(env: Mapping[str, str] | None = None) -> tuple[str, str]:
             " allure-commandline) or set HIL_ALLURE to an allure 2 binary"
         )
     java_home = env.get("JAVA_HOME", "")
-    java = (os.path.join(java_home, "bin", "java") if java_home else "") or shutil.which("java")
+    if java_home and not os.access(os.path.join(java_home, "bin", "java"), os.X_OK):
+        on_path = shutil.which("java", path=env.get("PATH"))
+        fix = (f"unset JAVA_HOME to use {on_path} (java on PATH)" if on_path
+               else "point it at a Java 11+ installation or run ./setup.sh")
+        raise ReportToolMissing(
+            f"JAVA_HOME={java_home} has no executable bin/java, and Allure 2 runs java from"
+            f" there; {fix}"
+        )
+    java = (os.path.join(java_home, "bin", "java") if java_home else "") or shutil.which("java", path=env.get("PATH"))
     if not java or not os.access(java, os.X_OK):
         raise ReportToolMissing(
             "Java is not installed, and Allure 2 needs it: looked for $JAVA_HOME/bin/java and"
@@ -215,7 +223,12 @@ def report_command(
     serve: bool = False, port: int = 0,
 ) -> int:
     """`hil report`: 0 when the HTML report was made (problems with single result files
-    are printed, not fatal), 2 when the report tool is missing, 1 when it failed."""
+    are printed, not fatal), 2 when the results folder does not exist (nothing is
+    changed) or the report tool is missing, 1 when it failed."""
+    if not Path(results_dir).is_dir():
+        print(f"hil report: {results_dir}: no such results folder; pass --results the"
+              " allure-results folder of a run. Nothing was changed", file=sys.stderr)
+        return 2
     outcome = generate_report(results_dir, report_dir, summary_path, history=history)
     for problem in outcome.problems:
         print(f"hil report: warning: {problem}", file=sys.stderr)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.reference_cache import ReferenceCache
+from harness.reference_check import reference_entry_problem
 from harness.targets.base import CPU_DEVICE, TargetKind
 from harness.trace import RequestTrace, TokenStep, Trace
 
@@ -133,7 +134,11 @@ class ReferenceRunner:
                 )
                 return rt.to_dict()
 
-            d = self.cache.get_or_compute(key_fields, compute)
+            d = self.cache.get_or_compute(
+                key_fields, compute,
+                check=lambda v, r=r: reference_entry_problem(
+                    v, list(r["prompt_token_ids"]), int(r["max_tokens"])),
+            )
             rt = RequestTrace.from_dict(d)
             rt.request_id = r["request_id"]
             trace.requests[r["request_id"]] = rt
