@@ -120,6 +120,7 @@ def test_tokenizer_round_trip_and_special_ids(built: dict[str, Path]) -> None:
     assert tokenizer.decode(tokenizer(printable)["input_ids"]) == printable
 
 
+@pytest.mark.e2e  # builds both models once more (about 35 s of CPU each)
 def test_two_builds_are_byte_identical(built: dict[str, Path], tmp_path: Path) -> None:
     # A fresh build in this process against the cached one (maybe built by another process,
     # with other thread settings): training must not depend on either.
