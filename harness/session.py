@@ -139,6 +139,11 @@ class EnginePool:
             host.close()
             self._failed[key] = e
             raise
+        problem = target.check_started(host.info)
+        if problem:
+            host.close()
+            self._failed[key] = EngineStartError(f"{cfg.label}: {problem}")
+            raise self._failed[key]
         self.started.append({"config": cfg.label, "key": key, "seconds": round(host.start_seconds, 2)})
         self._live[key] = host
         return host

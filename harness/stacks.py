@@ -279,7 +279,7 @@ def stack_status(stack: Stack) -> str:
 
 
 def find_python(version: str) -> str:
-    """An interpreter of ``version`` (``3.11``): $HIL_PYTHON, pythonX.Y, python3."""
+    """An interpreter of ``version`` (``3.11``; ``3`` takes any 3.x): $HIL_PYTHON, pythonX.Y, python3."""
     want = tuple(int(x) for x in version.split("."))
     tried = []
     for cand in (os.environ.get("HIL_PYTHON"), f"python{version}", "python3"):
@@ -295,7 +295,7 @@ def find_python(version: str) -> str:
             text=True,
         )
         got = tuple(int(x) for x in probe.stdout.strip().split(".")) if probe.stdout else ()
-        if probe.returncode == 0 and got == want[: len(got)] and len(got) >= len(want):
+        if probe.returncode == 0 and got[: len(want)] == want:
             return exe
     raise StackError(
         f"no Python {version} found (tried {', '.join(tried)}); install it or set HIL_PYTHON"

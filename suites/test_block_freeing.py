@@ -14,7 +14,7 @@ pytestmark = [
     pytest.mark.block_freeing,
     pytest.mark.nightly,
     pytest.mark.timeout(1800),
-    pytest.mark.hil_targets("vllm-cpu", "cb", "cp"),
+    pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "neuron"),
 ]
 
 LIMITS = EngineLimits(max_model_len=256, max_num_seqs=4, cp_chunk=128)
@@ -30,7 +30,7 @@ SCENARIOS = {
 
 
 def engine_for(hil, target_variant, model, scenario):
-    if target_variant.target == "spyre":
+    if target_variant.target in ("spyre", "neuron"):
         return hil.engine_config(target_variant, model, scenario)
     # A pool sized for a full batch keeps the per-step probe small.
     return hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK,

@@ -43,13 +43,14 @@ def assert_tokens_equal(hil, model, scenario, trace):
     assert verdict.ok, verdict.report()
 
 
-@pytest.mark.hil_targets("vllm-cpu", "cb", "cp")
+@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "neuron")
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 @pytest.mark.parametrize("prompt_len", [63, 64, 65])
 def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_seqs, prompt_len):
     scenario = full_batch_scenario(model, max_num_seqs, prompt_len)
-    if target_variant.target == "spyre":
-        # The device decides: vllm-spyre sizes the pool for a full batch plus the pad block.
+    if target_variant.target in ("spyre", "neuron"):
+        # The device decides: vllm-spyre sizes the pool for a full batch plus the pad block;
+        # vllm-neuron adds the null block to the max_num_seqs blocks the target asks for.
         engine = hil.engine_config(target_variant, model, scenario)
     else:
         need = blocks_needed(MAX_MODEL_LEN, max_num_seqs, CPU_BLOCK)

@@ -84,6 +84,14 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     stack_problem = hil.stack_problem(variant, markers)
     if stack_problem:
         pytest.skip(stack_problem)
+    target_cls = VLLM_TARGETS[variant.target]
+    stack_missing = target_cls.stack_probe(variant, hil.opts.stack)
+    if stack_missing:
+        _missing(request, stack_missing)
+    if "model" in request.fixturenames:
+        unsupported = target_cls.model_probe(request.getfixturevalue("model").path)
+        if unsupported:
+            pytest.skip(unsupported)
     leases = hil.leases
     served = leases.inventory.serving(variant.target, variant.backend, variant.mode) if leases else []
     if not any(d.kind in LEASED_KINDS for d in served):
