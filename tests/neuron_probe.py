@@ -76,7 +76,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         "tensor_parallel_size": vcfg.parallel_config.tensor_parallel_size,
         "neuron_config": {k: getattr(nc, k, None) for k in (
             "tp_degree", "batch_size", "seq_len", "max_context_length", "pa_num_blocks",
-            "pa_block_size", "is_block_kv_layout", "is_continuous_batching", "torch_dtype")},
+            "pa_block_size", "is_block_kv_layout", "is_continuous_batching", "torch_dtype",
+            "enable_bucketing")},
         "on_device_sampling": None if nc.on_device_sampling_config is None
         else repr(nc.on_device_sampling_config),
         "compiled": __import__("neuronx_distributed_inference.utils.constants",

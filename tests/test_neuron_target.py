@@ -183,3 +183,13 @@ def test_sdk_check_says_what_is_missing_here():
     line = describe(sys.executable)  # the harness's venv never has the SDK
     assert "torch-neuronx (torch_neuronx)" in line
     assert "neuronx-distributed-inference" in line and "./setup.sh --stack neuron" in line
+
+
+def test_a_stack_python_of_major_version_only_takes_the_sdk_environments_python(monkeypatch):
+    from harness.stacks import StackError, find_python
+
+    monkeypatch.setenv("HIL_PYTHON", sys.executable)
+    assert find_python("3") == sys.executable
+    assert find_python(f"{sys.version_info[0]}.{sys.version_info[1]}") == sys.executable
+    with pytest.raises(StackError, match="no Python 3.99 found"):
+        find_python("3.99")
