@@ -92,6 +92,9 @@ def run_probe(python: Path, cfg: EngineConfig, runs: list[list[tuple[int, int, i
     if edit_kwargs is not None:
         edit_kwargs(kwargs)
     env["PYTHONPATH"] = os.pathsep.join([str(STUBS), str(ROOT)])
+    # vLLM's logprob helper is torch.compile'd: inductor would build it with gcc (~12 s) for
+    # the same numbers; a Neuron host keeps the default.
+    env["TORCH_COMPILE_DISABLE"] = "1"
     env.update(dict(cfg.extra_env))
     results = []
     for i, requests in enumerate(runs):

@@ -30,7 +30,8 @@ class NeuronConfig(_Kwargs):
     def __init__(self, **kwargs: Any) -> None:
         for name, default in (("is_block_kv_layout", False), ("is_prefix_caching", False),
                               ("chunked_prefill_config", None), ("quantized", False),
-                              ("on_device_sampling_config", None)):
+                              ("on_device_sampling_config", None),
+                              ("is_chunked_prefill", False)):
             kwargs.setdefault(name, default)
         super().__init__(**kwargs)
 
