@@ -15,7 +15,9 @@ class _Kwargs:
 
 
 class OnDeviceSamplingConfig(_Kwargs):
-    pass
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("global_topk", 256)  # NxD Inference's default
+        super().__init__(**kwargs)
 
 
 class ChunkedPrefillConfig(_Kwargs):
