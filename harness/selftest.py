@@ -1,6 +1,6 @@
 """`hil selftest`: can this host's harness still catch faults on the stack it has today?
 
-Each fault of ``harness.faults`` is injected into the installed stack, on each target of
+Each fault of ``harness.engine.faults`` is injected into the installed stack, on each target of
 this host it applies to (the CPU paths always; a Spyre card or Neuron device when the
 inventory has one), and the smallest suite selection that proves it runs in a child
 pytest. A case is *caught* when that selection fails with the fault's failure category

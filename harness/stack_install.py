@@ -50,7 +50,7 @@ def find_python(version: str) -> str:
             text=True,
         )
         got = tuple(int(x) for x in probe.stdout.strip().split(".")) if probe.stdout else ()
-        if probe.returncode == 0 and got == want[: len(got)] and len(got) >= len(want):
+        if probe.returncode == 0 and got[: len(want)] == want:
             return exe
     raise StackError(
         f"no Python {version} found (tried {', '.join(tried)}); install it or set HIL_PYTHON"

@@ -65,7 +65,7 @@ def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
     assert "Number of pages available on Spyre" in str(refused.value)
 
 
-@pytest.mark.hil_targets("vllm-cpu", "cb", "cp")
+@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "neuron")
 def test_device_decided_block_count_serves_a_full_batch(hil, model, target_variant):
     scenario = full_length_scenario(model, max_num_seqs=2)
     engine = hil.engine_config(target_variant, model, scenario)

@@ -38,7 +38,7 @@ def full_batch_scenario(model, max_num_seqs, prompt_len):
     return shaped_scenario(f"full-batch-{max_num_seqs}x{prompt_len}", model.tokenizer, shapes, limits)
 
 
-@pytest.mark.hil_targets("vllm-cpu", "cb", "cp")
+@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "neuron")
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 @pytest.mark.parametrize("prompt_len", [63, 64, 65])
 def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_seqs, prompt_len):

@@ -1,7 +1,7 @@
 """Near-tie exposure: how much token equality can mean for a model.
 
 Token equality accepts a first divergence as a near-tie when the two tokens'
-probabilities are within ``prob_tol`` in both distributions (harness.compare).
+probabilities are within ``prob_tol`` in both distributions (harness.checks.tokens).
 On a flat model most positions are such near-ties, so a device that swaps the
 top two tokens almost anywhere still passes. This module measures, from the
 reference's own traces, the share of generated positions where the reference's
@@ -28,7 +28,7 @@ from typing import Any
 
 from harness.trace import RequestTrace, TokenStep
 
-# harness.compare.NearTiePolicy's default prob_tol, the --near-tie-tol default.
+# harness.checks.tokens.NearTiePolicy's default prob_tol, the --near-tie-tol default.
 DEFAULT_TOL = 0.05
 
 
@@ -170,7 +170,7 @@ class ExposureTally:
             if not rows:
                 continue
             top1 = sorted(p for p, _ in rows)
-            # The same epsilon as harness.compare: a gap exactly at tol is accepted there.
+            # The same epsilon as harness.checks.tokens: a gap exactly at tol is accepted there.
             exposed = sum(g <= self.tol + 1e-12 for _, g in rows)
             out[model] = Exposure(
                 model=model,

@@ -104,6 +104,11 @@ class EnginePool:
             host.close()
             self._failed[key] = e
             raise
+        problem = target.check_started(host.info)
+        if problem:  # the engine runs, but not as this target asked (platform, cores, blocks)
+            host.close()
+            self._failed[key] = EngineStartError(f"{cfg.label}: {problem}")
+            raise self._failed[key]
         self.started.append(EngineStart(cfg.label, key, round(host.start_seconds, 2)))
         self._live[key] = host
         return host

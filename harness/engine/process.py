@@ -111,6 +111,9 @@ class EngineSide:
         vcfg = self.llm.llm_engine.vllm_config
         info: dict[str, Any] = {
             "platform": type(current_platform).__name__,
+            "platform_module": type(current_platform).__module__,
+            # What a Neuron runtime in this process reads for its cores (None elsewhere).
+            "visible_cores": os.environ.get("NEURON_RT_VISIBLE_CORES"),
             "vllm_version": vllm.__version__,
             "num_gpu_blocks": vcfg.cache_config.num_gpu_blocks,
             "block_size": vcfg.cache_config.block_size,

@@ -44,6 +44,7 @@ class DeviceScan:
     kind: str
     devices: list[Device] = field(default_factory=list)
     looked_for: str = ""
+    root: Path = Path("/")  # the filesystem root the scan looked under (a fake tree in tests)
 
     @property
     def usable(self) -> list[Device]:

@@ -10,6 +10,9 @@ An inventory file (TOML or YAML) overrides discovery. Schema, one entry per devi
     features = ["sb", "cb", "cp"]  # optional: the modes of its kind it may run (default: all)
     health = "ok"                # ok | broken | maintenance (only ok devices are leased)
     env = { AIU_WORLD_RANK_0 = "0000:3b:00.0" }   # set in engines started on it
+    cores = "0-1"                # neuron only: its NeuronCores (NEURON_RT_VISIBLE_CORES)
+    engine = { tensor_parallel_size = 2, override_neuron_config = { ... } }
+                                 # neuron only: engine settings (harness/neuron_config.py)
 
 A device listed with an ``address`` that is not there is kept, marked absent,
 so tests that need it skip (or fail under --require-device) saying so.
@@ -106,6 +109,25 @@ def _parse(path: Path) -> tuple[dict[str, Any], str]:
         raise InventoryError(f"{path}: invalid TOML: {e}") from None
 
 
+def _neuron_env(e: dict[str, Any], where: str) -> dict[str, str]:
+    """A Neuron device's cores and engine table, as the environment its lease carries."""
+    from harness.engine.config import ConfigError
+    from harness.neuron_config import CORES_ENV, DEVICE_ENGINE_ENV, parse_engine_settings
+
+    out: dict[str, str] = {}
+    cores = e.get("cores")
+    if cores is not None:
+        if not isinstance(cores, str) or not all(p.strip().isdigit() for p in cores.replace("-", ",").split(",")):
+            raise InventoryError(f"{where}: cores {cores!r} must be like \"0-1\" or \"4\"")
+        out[CORES_ENV] = cores
+    if "engine" in e:
+        try:
+            out[DEVICE_ENGINE_ENV] = parse_engine_settings(e["engine"], where).to_json()
+        except ConfigError as err:
+            raise InventoryError(str(err)) from None
+    return out
+
+
 def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bool = False) -> Inventory:
     """Read and validate an inventory file; absent devices are kept, marked absent."""
     from harness.engine.faults import check_fault_specs
@@ -128,7 +150,8 @@ def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bo
         where = f"{path}: device #{n}"
         if not isinstance(e, dict):
             raise InventoryError(f"{where}: expected a table of fields, got {type(e).__name__}")
-        unknown = set(e) - {"id", "kind", "backend", "address", "features", "health", "env"}
+        unknown = set(e) - {"id", "kind", "backend", "address", "features", "health", "env",
+                            "cores", "engine"}
         if unknown:
             raise InventoryError(f"{where}: unknown field(s) {sorted(unknown)}")
         dev_id = e.get("id")
@@ -161,6 +184,10 @@ def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bo
             check_fault_specs(str(env.get("HIL_FAULTS", "")), allow_external_faults)
         except ValueError as err:
             raise InventoryError(f"{where}: env HIL_FAULTS: {err}") from None
+        if kind == "neuron":
+            env = {**env, **_neuron_env(e, where)}
+        elif "cores" in e or "engine" in e:
+            raise InventoryError(f"{where}: cores and engine are for kind neuron only")
         present, detail = _present(kind, e.get("address"), root)
         devices.append(InventoryDevice(
             id=dev_id, kind=kind, backend=backend or dk.default_backend,
@@ -179,3 +206,17 @@ def discover_inventory(root: Path = Path("/")) -> Inventory:
             devices.extend(dk.to_inventory(dk.discover(root)))
     devices.append(InventoryDevice(id="cpu", kind="cpu", detail="this host's CPU"))
     return Inventory(devices=devices, source="discovery")
+
+
+def neuron_core_range(node: str, root: Path = Path("/")) -> str | None:
+    """The NeuronCores of device ``neuronN`` (``"2-3"``), from the driver's per-device
+    ``core_count`` in sysfs; None when the driver does not say (then an inventory must).
+    The count is physical cores: with logical cores (trn2, LNC=2) list ``cores`` in an inventory."""
+    try:
+        index = int(node.removeprefix("neuron"))
+        count_file = root / "sys/devices/virtual/neuron_device" / node / "core_count"
+        count = int(count_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    first = index * count
+    return f"{first}-{first + count - 1}" if count > 1 else str(first)

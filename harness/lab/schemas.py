@@ -36,6 +36,8 @@ INVENTORY_SCHEMA: dict[str, Any] = {
                     "address": {"type": "string", "minLength": 1},
                     "features": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                     "health": {"enum": ["ok", "broken", "maintenance"]},
+                    "cores": {"type": "string", "minLength": 1},  # neuron only
+                    "engine": {"type": "object"},  # neuron only: harness/neuron_config.py
                     "env": {
                         "type": "object",
                         "propertyNames": {"pattern": ENV_NAME_PATTERN},

@@ -86,6 +86,14 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     stack_problem = hil.stack_problem(variant, markers)
     if stack_problem:
         pytest.skip(stack_problem)
+    target_cls = kind(variant.target)
+    stack_missing = target_cls.stack_probe(variant, hil.opts.stack)
+    if stack_missing:
+        _missing(request, stack_missing)
+    if "model" in request.fixturenames:
+        unsupported = target_cls.model_probe(request.getfixturevalue("model").path)
+        if unsupported:
+            pytest.skip(unsupported)
     leases = hil.leases
     if not leases or not leases.leased_devices(variant.target, variant.backend, variant.mode):
         probe = kind(variant.target).availability_probe(variant)

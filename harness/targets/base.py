@@ -224,6 +224,20 @@ class VllmTarget(TargetKind):
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
 
+    @classmethod
+    def stack_probe(cls, variant: Any, stack: str) -> str | None:
+        """None when engines of ``variant`` can run on ``stack``, else why not (device-missing)."""
+        return None
+
+    @classmethod
+    def model_probe(cls, model_dir: Any) -> str | None:
+        """None when this target serves the model's family, else why not (a skip)."""
+        return None
+
+    def check_started(self, info: dict[str, Any]) -> str | None:
+        """After start: why the engine is not what this target asked for, or None."""
+        return None
+
     def engine_env(self) -> dict[str, str]:
         """Environment variables the engine process needs, on top of the inherited one.
 

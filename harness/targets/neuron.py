@@ -1,32 +1,54 @@
-"""neuron: vllm-neuron on AWS Inferentia/Trainium devices (/dev/neuron<N>)."""
+"""neuron: vllm-neuron on AWS Inferentia/Trainium devices (/dev/neuron<N>).
+
+The values the engine gets are explained, against vllm-neuron's code, in harness.neuron_config.
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.engine.config import ConfigError
+from harness.neuron_config import (
+    CORES_ENV,
+    check_block_geometry,
+    check_engine_info,
+    compiled_artifacts_dir,
+    model_support,
+    neuron_llm_kwargs,
+    settings_from_env,
+)
 from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
 
 if TYPE_CHECKING:
     from harness.lab.devices import DeviceScan
     from harness.lab.inventory import InventoryDevice
 
+ROOT = Path(__file__).resolve().parents[2]
+# The stack whose venv has vllm-neuron on the host's Neuron SDK (stacks/neuron.toml).
+NEURON_STACK = "neuron"
+
 
 def _discover(root: Path) -> DeviceScan:
     from harness.lab.devices import discover_neuron
 
-    return discover_neuron(root)
+    scan = discover_neuron(root)
+    scan.root = root
+    return scan
 
 
 def _to_inventory(scan: DeviceScan) -> list[InventoryDevice]:
-    from harness.lab.inventory import InventoryDevice
+    from harness.lab.inventory import InventoryDevice, neuron_core_range
 
-    return [
-        InventoryDevice(id=d.id, kind="neuron", address=d.id,
-                        health="ok" if d.usable else "broken", present=True, detail=d.detail)
-        for d in scan.devices
-    ]
+    out = []
+    for d in scan.devices:
+        cores = neuron_core_range(d.id, scan.root)
+        out.append(InventoryDevice(
+            id=d.id, kind="neuron", address=d.id, health="ok" if d.usable else "broken",
+            present=True, detail=d.detail,
+            env=((CORES_ENV, cores),) if cores else ()))
+    return out
 
 
 NEURON_DEVICE = DeviceKind(
@@ -41,7 +63,7 @@ class NeuronTarget(VllmTarget):
     device = NEURON_DEVICE
     variants = (TargetVariant("neuron", "neuron", None, None, ("neuron",)),)
     markers = {"neuron": "needs an AWS Neuron device (vllm-neuron)"}
-    # One block per sequence; the platform adds the null block.
+    # One block per sequence; the platform adds the null block itself.
     geometries = {"default": PoolGeometry(None)}
 
     @classmethod
@@ -51,22 +73,52 @@ class NeuronTarget(VllmTarget):
         scan = discover_neuron()
         if not scan.usable:
             return scan.why_none()
-        if importlib.util.find_spec("vllm_neuron") is None:
-            return (
-                f"{len(scan.usable)} Neuron device(s) found but vllm-neuron is not installed;"
-                " install vllm-neuron with torch-neuronx from AWS's package index"
-            )
         return None
+
+    @classmethod
+    def stack_probe(cls, variant: Any, stack: str) -> str | None:
+        """Engines of this target run only in the neuron stack's venv (vllm-neuron + the SDK)."""
+        if stack == NEURON_STACK:
+            return None
+        from harness.lab.devices import discover_neuron
+
+        device = discover_neuron().why_none() or "Neuron device(s) present"
+        return (
+            f"{device}; and neuron engines run only on the {NEURON_STACK} stack (vllm-neuron on"
+            f" the host's Neuron SDK), not on stack {stack!r}: on a Neuron host run"
+            f" ./setup.sh --stack {NEURON_STACK}, then hil run --stacks {NEURON_STACK} -m neuron"
+        )
+
+    @classmethod
+    def model_probe(cls, model_dir: str | Path) -> str | None:
+        return model_support(model_dir)
+
+    def _cores(self) -> str | None:
+        return dict(self.cfg.extra_env).get(CORES_ENV)
 
     def engine_env(self) -> dict[str, str]:
         env = super().engine_env()
         env["VLLM_PLUGINS"] = "neuron"
+        if self.cfg.device is not None and self._cores() is None:
+            raise ConfigError(
+                f"Neuron device {self.cfg.device} has no core range: list it in an inventory"
+                f" with cores = \"FIRST-LAST\" (its {CORES_ENV}), so its engines stay on its cores"
+            )
+        # The fixtures point VLLM_CACHE_ROOT into the harness cache folder.
+        cache_root = Path(os.environ.get("VLLM_CACHE_ROOT") or ROOT / ".hil-cache" / "vllm")
+        env["NEURON_COMPILED_ARTIFACTS"] = str(
+            compiled_artifacts_dir(cache_root, self.cfg, self.llm_kwargs()))
         return env
 
     def llm_kwargs(self) -> dict[str, Any]:
         kw = super().llm_kwargs()
-        kw.setdefault("block_size", self.geometry().block_tokens(self.cfg.max_model_len))
+        kw.update(neuron_llm_kwargs(self.cfg, settings_from_env(dict(self.cfg.extra_env))))
         return kw
+
+    def check_started(self, info: dict[str, Any]) -> str | None:
+        cfg = self.cfg
+        return check_engine_info(info, self._cores()) or check_block_geometry(
+            info, cfg.max_model_len, cfg.max_num_seqs, cfg.num_blocks_override)
 
 
 KIND = NeuronTarget

@@ -1,0 +1,1 @@
+"""STUB (tests only)."""

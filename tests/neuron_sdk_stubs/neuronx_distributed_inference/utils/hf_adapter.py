@@ -1,0 +1,5 @@
+"""STUB (tests only)."""
+
+
+def load_pretrained_config(model_path):
+    return model_path
