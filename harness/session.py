@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import card, host_stack
 from harness.capacity import CapacityError, check_capacity, preflight_config
 from harness.compare import NearTiePolicy, TraceComparison, compare_traces
 from harness.engine_config import ConfigError, EngineConfig
@@ -25,6 +26,7 @@ from harness.engine_host import (
     EngineCrashed,
     EngineError,
     EngineHost,
+    EngineRefused,
     EngineRequestError,
     EngineStartError,
     EngineTimeout,
@@ -58,20 +60,24 @@ class SessionOptions:
     cache_dir: Path
     reports_dir: Path
     near_tie: NearTiePolicy = field(default_factory=NearTiePolicy)
+    near_tie_tol_sendnn: float = card.NEAR_TIE_TOL_SENDNN  # the card computes fp16
     engine_reuse: bool = True
     reference_cache: bool = True
     max_live_engines: int = 3
-    start_timeout: float = 600.0
+    start_timeout: float | None = None  # None: per backend (harness.card.START_TIMEOUTS)
     call_timeout: float = 900.0
     faults: tuple[str, ...] = ()
     kv_probe: bool = True
     stack: str = "default"
+    plan_only: bool = False  # record each test's engine configuration, start nothing
 
 
 def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[str, Any]]:
     """The python, environment and LLM arguments the engine's stack adds (none for default)."""
     if cfg.stack == "default":
         return None, {}, {}
+    if cfg.stack == host_stack.HOST:
+        return host_stack.host_python(), {}, {}
     from harness.stacks import load_stack, stack_python
 
     stack = load_stack(cfg.stack)
@@ -97,6 +103,7 @@ class EnginePool:
         self._live: OrderedDict[str, EngineHost] = OrderedDict()
         self._failed: dict[str, EngineError] = {}
         self.started: list[dict[str, Any]] = []
+        self.cards = card.CardLedger()  # starts and stops per card (one engine per card)
 
     def get(self, cfg: EngineConfig) -> EngineHost:
         key = cfg.key
@@ -108,6 +115,9 @@ class EnginePool:
             return host
         if host is not None:
             self.discard(key)
+        if card.is_card_config(cfg):  # a card cannot load two models at once
+            for other in self.cards.live_on(str(cfg.device)):
+                self.discard(other)
         while len(self._live) >= max(1, self.opts.max_live_engines):
             self.discard(next(iter(self._live)))
         target = target_for(cfg)
@@ -127,16 +137,26 @@ class EnginePool:
                 env,
                 llm_kwargs,
                 self.opts.reports_dir / "engine-logs",
-                start_timeout=self.opts.start_timeout,
+                start_timeout=card.start_timeout(cfg, self.opts.start_timeout),
                 python=python,
             )
         except EngineError as e:
+            if card.is_card_config(cfg):
+                self.cards.started(cfg, ok=False)
             self._failed[key] = e
             raise
+        if card.is_card_config(cfg):
+            self.cards.started(cfg)
+        problem = card.verify_card_engine(cfg, host.info, card.log_since(host.log_path, host.log_offset))
+        if problem:
+            tail = host.log_tail()
+            self._close(key, host)
+            self._failed[key] = card.CardMismatch(problem, tail)
+            raise self._failed[key]
         try:
             check_capacity(cfg, host.info)
         except CapacityError as e:
-            host.close()
+            self._close(key, host)
             self._failed[key] = e
             raise
         self.started.append({"config": cfg.label, "key": key, "seconds": round(host.start_seconds, 2)})
@@ -151,7 +171,11 @@ class EnginePool:
     def discard(self, key: str) -> None:
         host = self._live.pop(key, None)
         if host is not None:
-            host.close()
+            self._close(key, host)
+
+    def _close(self, key: str, host: EngineHost) -> None:
+        host.close()
+        self.cards.closed(key)
 
     def close(self) -> None:
         for key in list(self._live):
@@ -171,6 +195,8 @@ class HilSession:
         self.leases: LeaseManager | None = None
         self.timers: dict[str, float] = {}
         self.current_test = ""
+        self.test_configs: dict[str, str] = {}  # test node id -> its first engine configuration
+        self.refusal_expected = False  # set by expect_refusal() around a start the test expects to fail
         # Evidence listeners, called as listener(event, data) with what the session ran
         # and saw: "scenario" (config, scenario), "engine" (config, log_path, log_offset),
         # "trace" (config, scenario, trace), "kv_snapshot" (config, snapshots),
@@ -215,7 +241,7 @@ class HilSession:
 
     def stack_problem(self, variant: TargetVariant, markers: tuple[str, ...] = ()) -> str | None:
         """Why ``variant`` (in a test with these markers) cannot run on this session's stack."""
-        if self.opts.stack == "default":
+        if host_stack.is_unpinned(self.opts.stack):
             return None
         from harness.stacks import load_stack, stack_python
 
@@ -268,11 +294,20 @@ class HilSession:
     def _call(self, cfg: EngineConfig, op: str, payload: Any) -> tuple[EngineHost, Any]:
         """One command on the engine of ``cfg``; a dead or hung engine is dropped, and the
         device it ran on is marked broken so later tests skip with this error."""
+        from harness.engine_order import config_id
+
+        self.test_configs.setdefault(self.current_test, config_id(cfg))
+        if self.opts.plan_only:
+            import pytest
+
+            pytest.skip(f"plan only: recorded engine configuration {cfg.label}")
         try:
             with self.timed("engine_start"):
                 host = self.pool.get(cfg)
         except EngineStartError as e:
-            self._device_failed(cfg, e)
+            # A refusal the test expects (it asserts on it) is the device working as specified.
+            if not (self.refusal_expected and isinstance(e, EngineRefused)):
+                self._device_failed(cfg, e)
             raise
         if self.listeners:
             offset = host.log_path.stat().st_size if host.log_path.exists() else 0
@@ -296,6 +331,16 @@ class HilSession:
             raise
         finally:
             self.pool.release(cfg)
+
+    @contextlib.contextmanager
+    def expect_refusal(self) -> Iterator[None]:
+        """Within this block an engine that refuses to start (raises during start, process alive)
+        does not mark its device broken; a crash or hang at start still does."""
+        self.refusal_expected = True
+        try:
+            yield
+        finally:
+            self.refusal_expected = False
 
     def _device_failed(self, cfg: EngineConfig, error: Exception) -> None:
         if cfg.device and self.leases is not None:
@@ -360,7 +405,8 @@ class HilSession:
         """Token equality of ``dev`` against ``ref``; near-ties are kept for the run summary."""
         with self.timed("checks"):
             verdict = compare_traces(
-                ref, dev, policy=self.opts.near_tie, decode=model.decode,
+                ref, dev, decode=model.decode,
+                policy=card.near_tie_policy(self.opts.near_tie, dev.target, self.opts.near_tie_tol_sendnn),
                 prompts=scenario.prompts_by_id()
             )
         for d in verdict.near_ties:
@@ -380,6 +426,7 @@ class HilSession:
             "near_ties": self.near_ties,
             "timers": {k: round(v, 3) for k, v in self.timers.items()},
             "leases": [lease.describe() for lease in self.leases.held.values()] if self.leases else [],
+            "cards": self.pool.cards.to_list(),
         }
 
     def write_stats(self, worker: str) -> Path:

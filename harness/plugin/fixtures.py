@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from harness import card
+from harness.card_report import card_stack_problem
 from harness.compare import NearTiePolicy
+from harness.devices import device_root
+from harness.engine_order import save_record
 from harness.inventory import discover_inventory, load_inventory
 from harness.leases import LEASED_KINDS, LeaseManager, LeaseUnavailable
 from harness.session import HilSession, Model, SessionOptions
@@ -33,17 +37,21 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         cache_dir=cache_dir,
         reports_dir=Path(opt("--hil-reports-dir")),
         near_tie=NearTiePolicy(top_k=opt("--near-tie-topk"), prob_tol=opt("--near-tie-tol")),
+        near_tie_tol_sendnn=opt("--near-tie-tol-sendnn"),
         engine_reuse=not opt("--no-engine-reuse"),
         reference_cache=not opt("--no-reference-cache"),
         max_live_engines=opt("--max-live-engines"),
         call_timeout=opt("--engine-timeout"),
+        start_timeout=opt("--engine-start-timeout"),
         faults=tuple(opt("--inject-fault")),
         kv_probe=not opt("--no-kv-probe"),
         stack=opt("--stack"),
+        plan_only=opt("--hil-plan"),
     )
     session = HilSession(opts)
     inv_path = opt("--inventory")
-    inventory = load_inventory(Path(inv_path)) if inv_path else discover_inventory()
+    root = device_root()
+    inventory = load_inventory(Path(inv_path), root) if inv_path else discover_inventory(root)
     session.leases = LeaseManager(
         inventory,
         lease_dir=Path(opt("--lease-dir")),
@@ -56,6 +64,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         yield session
     finally:
         session.write_stats(_worker_id(pytestconfig))
+        save_record(cache_dir, session.test_configs)
         session.close()
 
 
@@ -84,6 +93,9 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     stack_problem = hil.stack_problem(variant, markers)
     if stack_problem:
         pytest.skip(stack_problem)
+    card_problem = card_stack_problem(variant, hil.opts.stack)
+    if card_problem:  # a stack that cannot drive a card is not a broken card: never leased
+        _missing(request, card_problem)
     leases = hil.leases
     served = leases.inventory.serving(variant.target, variant.backend, variant.mode) if leases else []
     if not any(d.kind in LEASED_KINDS for d in served):
@@ -101,4 +113,6 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     broken = leases.broken(lease.device)
     if broken:
         _missing(request, broken)
-    return variant.on_device(lease.device.id, lease.env())
+    # The card's defaults first; the inventory's env for the device (in lease.env()) wins.
+    cache_dir = Path(request.config.getoption("--hil-cache-dir"))
+    return variant.on_device(lease.device.id, {**card.card_env(lease.device, cache_dir), **lease.env()})
