@@ -242,3 +242,10 @@ def torch_sendnn_status() -> tuple[str | None, str | None]:
         return None, f"torch_sendnn is installed but does not import: {e!r}"
     note = " (emulated)" if getattr(_version, "EMULATED", False) else ""
     return f"{_version.__version__}{note}", None
+
+
+def open_other_card(config: dict[str, Any], address: str) -> None:
+    """Fault (``--inject-fault harness.card.open_other_card:address=...``): the engine's runtime is
+    pointed at another card than the leased one, to prove the on-card verification fails."""
+    os.environ["AIU_WORLD_RANK_0"] = address
+    print(f"[hil] fault open_other_card: AIU_WORLD_RANK_0={address}", flush=True)

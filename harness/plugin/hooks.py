@@ -40,6 +40,7 @@ MARKERS = {
     "capacity": "suite: KV block count can serve a full-length request",
     "hil_targets": "hil_targets(spec): limit a test's target variants (same syntax as --target)",
     "nightly": "in the nightly selection (hil nightly)",
+    "card_host": "end-to-end on the emulated card host (tools/card-host/run.sh; minutes)",
 }
 
 DEFAULT_MODELS = ",".join(MODEL_SPECS)
