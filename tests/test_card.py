@@ -210,3 +210,25 @@ def test_discovery_reads_the_device_root(tmp_path: Path, monkeypatch: pytest.Mon
     assert [d.id for d in discover_spyre(device_root()).usable] == [ADDR, OTHER]
     inv = discover_inventory(device_root())
     assert [d.address for d in inv.devices if d.kind == "spyre"] == [ADDR, OTHER]
+
+
+def test_missing_torch_sendnn_is_a_stack_problem_not_a_broken_card(tmp_path: Path) -> None:
+    if card.torch_sendnn_status()[1] is None:
+        pytest.skip("torch_sendnn is importable here")
+    from tests.suite_runner import run_suite
+
+    sys.path.insert(0, str(ROOT / "tools" / "card-host"))
+    try:
+        import fake_device_tree
+    finally:
+        sys.path.pop(0)
+    addresses = fake_device_tree.write_tree(tmp_path / "root", 1)
+    inv = tmp_path / "inv.toml"
+    inv.write_text(fake_device_tree.inventory_text(addresses))
+    run = run_suite(tmp_path, "suites/test_token_equality.py", "-m", "spyre", "--model", "tiny-llama",
+                    "-k", "single and not one-token and cb", "--inventory", str(inv),
+                    "--device-root", str(tmp_path / "root"), "--require-device")
+    assert run.returncode == 1, run.output[-2000:]
+    (message,) = run.messages.values()
+    assert "stack default: torch_sendnn is not importable in this Python: a stack problem" in message
+    assert not list((tmp_path / "reports" / "devices").glob("*.broken.json"))

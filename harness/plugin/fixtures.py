@@ -93,9 +93,6 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     stack_problem = hil.stack_problem(variant, markers)
     if stack_problem:
         pytest.skip(stack_problem)
-    card_problem = card_stack_problem(variant, hil.opts.stack)
-    if card_problem:  # a stack that cannot drive a card is not a broken card: never leased
-        _missing(request, card_problem)
     leases = hil.leases
     served = leases.inventory.serving(variant.target, variant.backend, variant.mode) if leases else []
     if not any(d.kind in LEASED_KINDS for d in served):
@@ -104,6 +101,9 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
             _missing(request, probe)
         return variant
     assert leases is not None
+    card_problem = card_stack_problem(variant, hil.opts.stack)
+    if card_problem:  # a stack that cannot drive a card is not a broken card: never leased
+        _missing(request, card_problem)
     try:
         lease = leases.lease(variant.target, variant.backend, variant.mode)
     except LeaseUnavailable as e:
