@@ -171,7 +171,9 @@ def torch_sendnn_emulated(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
         monkeypatch.delitem(sys.modules, name)
     import torch_sendnn.device as device
 
-    return device
+    yield device
+    for name in [m for m in sys.modules if m.startswith("torch_sendnn")]:
+        del sys.modules[name]  # the emulation must not look installed to later tests
 
 
 def _fake_tree(root: Path) -> None:
