@@ -230,6 +230,22 @@ def summary_lines(events: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def append_card_summary(stats_dir: Path, summary: Path) -> str:
+    """Add a "Cards" section (per card, its configurations and start times) to the run's
+    summary.md from the workers' statistics; returns the section ('' when no card ran)."""
+    import json
+
+    events: list[dict[str, Any]] = []
+    for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
+        events += json.loads(f.read_text()).get("cards", [])
+    if not events:
+        return ""
+    section = "\n".join(["## Cards", "", *[f"- {line}" for line in summary_lines(events)], ""])
+    with open(summary, "a", encoding="utf-8") as f:
+        f.write("\n" + section)
+    return section
+
+
 def torch_sendnn_status() -> tuple[str | None, str | None]:
     """(version, problem) of torch_sendnn in this Python; problem says what to install."""
     if importlib.util.find_spec("torch_sendnn") is None:

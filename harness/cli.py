@@ -52,6 +52,9 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     from harness.report.summary import write_summary
 
     print(write_summary(allure_dir, reports / "summary.md"), flush=True)
+    from harness.card import append_card_summary
+
+    print(append_card_summary(reports / "stats", reports / "summary.md"), flush=True)
     return rc
 
 

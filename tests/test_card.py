@@ -234,3 +234,17 @@ def test_missing_torch_sendnn_is_a_stack_problem_not_a_broken_card(tmp_path: Pat
     (message,) = run.messages.values()
     assert "stack default: torch_sendnn is not importable in this Python: a stack problem" in message
     assert not list((tmp_path / "reports" / "devices").glob("*.broken.json"))
+
+
+def test_summary_gets_a_cards_section(tmp_path: Path) -> None:
+    import json
+
+    ledger = card.CardLedger()
+    ledger.started(card_cfg())
+    (tmp_path / "stats").mkdir()
+    (tmp_path / "stats" / "gw0.json").write_text(json.dumps({"cards": ledger.to_list()}))
+    (tmp_path / "summary.md").write_text("# run\n")
+    section = card.append_card_summary(tmp_path / "stats", tmp_path / "summary.md")
+    assert "card card0: 1 configuration(s): spyre-sendnn-cb" in section
+    assert "## Cards" in (tmp_path / "summary.md").read_text()
+    assert card.append_card_summary(tmp_path / "none", tmp_path / "summary.md") == ""
