@@ -2,7 +2,7 @@
 
 The pinned stacks (stacks/*.toml) are venvs this repository installs. A card host brings its own:
 the vendor's image with its torch and torch_sendnn, into which the harness is pip-installed. The
-``host`` stack runs engines in that Python (``--python PATH``, env HIL_PYTHON; default: the Python
+``host`` stack runs engines in that Python (``--python PATH``, env HIL_HOST_PYTHON; default: the Python
 running pytest) and installs nothing. It is the default when the harness runs outside a checkout
 (no stacks/ folder next to it).
 """
@@ -33,7 +33,7 @@ def is_unpinned(name: str) -> bool:
 
 def host_python() -> str | None:
     """The Python engines of the host stack run in (None: the one running the harness)."""
-    return os.environ.get("HIL_PYTHON") or None
+    return os.environ.get("HIL_HOST_PYTHON") or None
 
 
 def host_python_problem() -> str | None:

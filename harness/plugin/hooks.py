@@ -103,8 +103,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="the pinned stack (stacks/NAME.toml) whose venv runs the engines; install it"
                 " with ./setup.sh --stack NAME; or host: the Python given by --python, as it is"
                 " (env HIL_STACK; default: default in a checkout, else host)")
-    g.addoption("--python", default=os.environ.get("HIL_PYTHON", ""), metavar="PATH",
-                help="with --stack host: the Python engines run in (default: this one; env HIL_PYTHON)")
+    g.addoption("--python", default=os.environ.get("HIL_HOST_PYTHON", ""), metavar="PATH",
+                help="with --stack host: the Python engines run in (default: this one; env HIL_HOST_PYTHON)")
     g.addoption("--device-root", default=os.environ.get("HIL_DEVICE_ROOT", ""), metavar="DIR",
                 help="read sysfs and /dev below DIR instead of / (a fake card host; env HIL_DEVICE_ROOT)")
     g.addoption("--engine-start-timeout", type=float,
@@ -178,7 +178,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--device-root"):
         os.environ["HIL_DEVICE_ROOT"] = str(Path(config.getoption("--device-root")).resolve())
     if config.getoption("--python"):
-        os.environ["HIL_PYTHON"] = config.getoption("--python")
+        os.environ["HIL_HOST_PYTHON"] = config.getoption("--python")
     if config.getoption("--stack") != HOST:
         try:
             load_stack(config.getoption("--stack"))
