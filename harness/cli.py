@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,9 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     from harness.report.summary import write_summary
 
     print(write_summary(allure_dir, reports / "summary.md"), flush=True)
+    from harness.card import append_card_summary
+
+    print(append_card_summary(reports / "stats", reports / "summary.md"), flush=True)
     return rc
 
 
@@ -158,7 +162,7 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
         for d in inv.devices:
             state = "usable" if d.usable else f"UNUSABLE: {d.why_unusable()}"
             print(f"  {d.id}: {d.kind} {d.backend or ''} {state}")
-        return 0
+        return _print_card_stack(inv)
     root = Path(args.root)
     scans = [dk.discover(root) for dk in device_kinds().values() if dk.discover is not None]
     for scan in scans:
@@ -176,7 +180,20 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
     # What a neuron run needs besides the device: the SDK's python and the neuron stack.
     print(f"neuron software: {describe()}")
     print(f"neuron stack: {stack_status(load_stack('neuron'))} (./setup.sh --stack neuron)")
-    return 0
+    from harness.lab.inventory import discover_inventory
+
+    return _print_card_stack(discover_inventory(root))
+
+
+def _print_card_stack(inv: object) -> int:
+    """The card stack report (stack, torch_sendnn, card env); 1 when cards are listed but the
+    stack cannot drive them, so a lab's pre-flight fails before any engine starts."""
+    from harness.card_report import card_stack_lines
+
+    lines, ok = card_stack_lines(inv)
+    for line in lines:
+        print(line)
+    return 0 if ok else 1
 
 
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
@@ -211,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--stacks", default="default")
     n.set_defaults(func=cmd_nightly)
     d = sub.add_parser("devices", help="print discovered devices")
-    d.add_argument("--root", default="/", help="filesystem root to scan (for fake trees)")
+    d.add_argument("--root", default=os.environ.get("HIL_DEVICE_ROOT") or "/",
+                   help="filesystem root to scan (a fake card host; env HIL_DEVICE_ROOT; default /)")
     d.add_argument("--inventory", default="", help="an inventory file to check instead")
     d.set_defaults(func=cmd_devices)
     rp = sub.add_parser("report", help="make the HTML report of the last run (offline)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import card, host_stack
 from harness.checks.capacity import KvPool
 from harness.checks.exposure import ExposureTally
 from harness.checks.ledger import check_idle_ledgers, check_ledger
@@ -24,6 +25,7 @@ from harness.checks.verdict import Verdict, VerdictFailed
 from harness.engine.config import ConfigError, EngineConfig
 from harness.engine.driver import DriverSettings, EngineDriver
 from harness.engine.geometry import pool_overrides
+from harness.engine.host import EngineRefused
 from harness.engine.pool import EnginePool, PoolSettings
 from harness.lab.leases import LeaseManager
 from harness.listeners import Listeners, SessionListener
@@ -43,14 +45,16 @@ class SessionOptions:
     cache_dir: Path
     reports_dir: Path
     near_tie: NearTiePolicy = field(default_factory=NearTiePolicy)
+    near_tie_tol_sendnn: float = card.NEAR_TIE_TOL_SENDNN  # the card computes fp16
     engine_reuse: bool = True
     reference_cache: bool = True
     max_live_engines: int = 3
-    start_timeout: float = 600.0
+    start_timeout: float | None = None  # None: per backend (harness.card.START_TIMEOUTS)
     call_timeout: float = 900.0
     faults: tuple[str, ...] = ()
     kv_probe: bool = True
     stack: str = "default"
+    plan_only: bool = False  # record each test's engine configuration, start nothing
 
 
 class HilSession:
@@ -68,6 +72,8 @@ class HilSession:
         # The reference's confidence per model: how much its token equality can mean.
         self.exposure = ExposureTally(opts.near_tie.prob_tol)
         self.current_test = ""
+        self.test_configs: dict[str, str] = {}  # test node id -> its first engine configuration
+        self.refusal_expected = False  # set by expect_refusal() around a start the test expects to fail
         self._pool = EnginePool(PoolSettings(
             reports_dir=opts.reports_dir, max_live_engines=opts.max_live_engines,
             start_timeout=opts.start_timeout, engine_reuse=opts.engine_reuse))
@@ -75,7 +81,7 @@ class HilSession:
             self._pool,
             DriverSettings(call_timeout=opts.call_timeout, top_k=opts.near_tie.top_k,
                            kv_probe=opts.kv_probe),
-            self.timers, self.listeners, self._device_failed)
+            self.timers, self.listeners, self._device_failed, before_call=self._before_call)
 
     # -- test lifecycle and listeners --------------------------------------------
     def begin_test(self, nodeid: str) -> None:
@@ -117,7 +123,7 @@ class HilSession:
 
     def stack_problem(self, variant: TargetVariant, markers: tuple[str, ...] = ()) -> str | None:
         """Why ``variant`` (in a test with these markers) cannot run on this session's stack."""
-        if self.opts.stack == "default":
+        if host_stack.is_unpinned(self.opts.stack):
             return None
         from harness.stacks import load_stack, stack_python
 
@@ -157,7 +163,34 @@ class HilSession:
         """Whether this session started an engine of ``cfg``."""
         return self._pool.was_started(cfg)
 
+    def _before_call(self, cfg: EngineConfig) -> None:
+        """Record the test's engine configuration (the test order of the next run); in a plan
+        pass (``--hil-plan``) start nothing."""
+        from harness.engine_order import config_id
+
+        self.test_configs.setdefault(self.current_test, config_id(cfg))
+        if self.opts.plan_only:
+            import pytest
+
+            pytest.skip(f"plan only: recorded engine configuration {cfg.label}")
+
+    @contextlib.contextmanager
+    def expect_refusal(self) -> Iterator[None]:
+        """Within this block an engine that refuses to start (raises during start, process alive)
+        does not mark its device broken; a crash or hang at start still does."""
+        self.refusal_expected = True
+        try:
+            yield
+        finally:
+            self.refusal_expected = False
+
     def _device_failed(self, cfg: EngineConfig, error: Exception) -> None:
+        # A refusal the test expects (it asserts on it) is the device working as specified.
+        if self.refusal_expected and isinstance(error, EngineRefused):
+            return
+        self._mark_device_broken(cfg, error)
+
+    def _mark_device_broken(self, cfg: EngineConfig, error: Exception) -> None:
         if cfg.device and self.leases is not None:
             for lease in self.leases.held.values():
                 if lease.device.id == cfg.device:
@@ -192,7 +225,9 @@ class HilSession:
         accepted near-ties are kept for the run summary."""
         reference = self.reference(model, scenario) if reference is None else reference
         with self.timers.timed("checks"):
-            comparison = compare_traces(reference, trace, policy=self.opts.near_tie)
+            policy = card.near_tie_policy(self.opts.near_tie, trace.target,
+                                          self.opts.near_tie_tol_sendnn)
+            comparison = compare_traces(reference, trace, policy=policy)
             verdict = comparison.verdict(model.decode, scenario.prompts_by_id())
         for d in comparison.near_ties:
             self.near_ties.append(
@@ -244,6 +279,7 @@ class HilSession:
             timers=self.timers.rounded(),
             exposure=self.exposure.to_dict(),
             reference_bad=list(self.ref_cache.bad),
+            cards=self._pool.cards.to_list(),
             leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],
         )
 

@@ -46,6 +46,7 @@ class SessionStats:
     timers: dict[str, float] = field(default_factory=dict)
     exposure: dict[str, Any] = field(default_factory=dict)  # harness.checks.exposure tally
     leases: list[str] = field(default_factory=list)
+    cards: list[dict[str, Any]] = field(default_factory=list)  # per-card engine ledger
 
     @property
     def engines_started(self) -> int:

@@ -59,7 +59,7 @@ def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
     too_few = MAX_MODEL_LEN // SPYRE_BLOCK_SIZE  # one full-length request, no pad block
     engine = hil.engine_config(target_variant, model, scenario, num_blocks_override=too_few)
 
-    with pytest.raises(EngineStartError) as refused:
+    with hil.expect_refusal(), pytest.raises(EngineStartError) as refused:
         hil.generate(engine, scenario)
 
     assert "Number of pages available on Spyre" in str(refused.value)

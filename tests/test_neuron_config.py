@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.capacity import blocks_needed, full_batch_shortfall
-from harness.preemption import check_full_batch
 
+from harness.checks.capacity import blocks_needed, full_batch_shortfall
+from harness.checks.preemption import check_full_batch
 from harness.engine.config import EngineConfig
 from harness.neuron_config import check_block_geometry, check_engine_info
 from harness.stacks import load_stack, stack_python, stack_status
 from harness.targets.neuron import NeuronTarget
+from harness.trace import StepRecord, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = "neuron-config"
@@ -164,8 +165,10 @@ def test_no_recompute_full_batch_gets_max_num_seqs_plus_one_blocks(neuron_python
     requests = full_batch(max_num_seqs)
     res = run_probe(neuron_python, engine(tiny_llama, max_num_seqs), [requests], tmp_path)
     case = assert_plugin_geometry(res, max_num_seqs)
-    assert check_full_batch(case["steps"], max_num_seqs) is None, check_full_batch(
-        case["steps"], max_num_seqs)
+    steps = [StepRecord(step=s["step"], running=s["running"], waiting=s["waiting"],
+                        preempted=s["preempted"], finished=s["finished"]) for s in case["steps"]]
+    verdict = check_full_batch(Trace(target="neuron", steps=steps), max_num_seqs)
+    assert verdict.ok, verdict.details
     assert_run_clean(case, requests, max_num_seqs)
 
 

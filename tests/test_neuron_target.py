@@ -5,10 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness.lab.leases import LeaseManager
 
 from harness.engine.config import ConfigError, EngineConfig
 from harness.lab.inventory import InventoryError, load_inventory, neuron_core_range
+from harness.lab.leases import LeaseManager
 from harness.neuron_config import (
     DEVICE_ENGINE_ENV,
     check_block_geometry,

@@ -44,6 +44,7 @@ class NearTiePolicy:
 
     top_k: int = 5
     prob_tol: float = 0.05
+    dtypes: str = ""  # e.g. "reference fp32, device fp16": stated in every diff
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
@@ -53,7 +54,8 @@ class NearTiePolicy:
 
     def describe(self) -> str:
         """The policy values as shown in reports."""
-        return f"top_k={self.top_k}, prob_tol={self.prob_tol:g}"
+        text = f"top_k={self.top_k}, prob_tol={self.prob_tol:g}"
+        return f"{text}, {self.dtypes}" if self.dtypes else text
 
 
 class TokenOutcome(Enum):

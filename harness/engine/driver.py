@@ -48,12 +48,14 @@ class EngineDriver:
         timers: Timers,
         listener: SessionListener,
         on_device_failed: Callable[[EngineConfig, Exception], None],
+        before_call: Callable[[EngineConfig], None] | None = None,
     ) -> None:
         self.pool = pool
         self.settings = settings
         self.timers = timers
         self.listener = listener
         self.on_device_failed = on_device_failed
+        self.before_call = before_call  # e.g. records the test's configuration (test order)
 
     @staticmethod
     def check_scenario(cfg: EngineConfig, scenario: Scenario) -> None:
@@ -68,6 +70,8 @@ class EngineDriver:
     def _call(self, cfg: EngineConfig, op: str, payload: Any) -> tuple[EngineHost, Any]:
         """One command on the engine of ``cfg``; a dead or hung engine is dropped, and the
         device it ran on is reported broken so later tests skip with this error."""
+        if self.before_call is not None:
+            self.before_call(cfg)
         try:
             with self.timers.timed("engine_start"):
                 host = self.pool.get(cfg)

@@ -181,6 +181,15 @@ def keep_dummy_on_join(config: dict[str, Any]) -> None:
     cls._update_states = _update_states  # type: ignore[method-assign]
 
 
+def open_other_card(config: dict[str, Any], address: str) -> None:
+    """The engine's runtime is pointed at another card than the leased one (its
+    AIU_WORLD_RANK_0), to prove the on-card verification fails."""
+    import os
+
+    os.environ["AIU_WORLD_RANK_0"] = address
+    print(f"[hil] fault open-other-card: AIU_WORLD_RANK_0={address}", flush=True)
+
+
 FAULTS: dict[str, FaultFn] = {
     "keep-dummy-on-join": keep_dummy_on_join,
     "crash-engine": crash_engine,
@@ -189,6 +198,7 @@ FAULTS: dict[str, FaultFn] = {
     "forget-free": forget_free,
     "leak-warmup-block": leak_warmup_block,
     "kv-blocks-short": kv_blocks_short,
+    "open-other-card": open_other_card,
 }
 
 

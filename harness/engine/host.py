@@ -50,6 +50,10 @@ class EngineStartError(EngineError):
     """The engine process did not come up."""
 
 
+class EngineRefused(EngineStartError):
+    """The engine raised during start (it refused its configuration); its process was alive."""
+
+
 class EngineCrashed(EngineError):
     """The engine process died during a call."""
 
@@ -110,6 +114,8 @@ class EngineHost:
         child_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
         child_env["HIL_ENGINE_AUTHKEY"] = authkey.hex()
 
+        # Where this start's part of the log begins (restarts of a configuration append).
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._logfile = open(self.log_path, "ab")
         started = time.monotonic()
         self.proc = subprocess.Popen(
@@ -191,7 +197,7 @@ class EngineHost:
         if status == "ok":
             return result
         if starting:
-            raise EngineStartError(
+            raise EngineRefused(
                 f"engine {self.cfg.label} failed to start with model {self.cfg.model}:"
                 f" {result['type']}: {result['message']} (check that the folder loads with"
                 f" transformers and that {self.cfg.target} supports its architecture)",

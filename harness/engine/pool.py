@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import card, host_stack
 from harness.checks.capacity import CapacityError, check_capacity, preflight_config
 from harness.engine.config import EngineConfig
 from harness.engine.host import EngineError, EngineHost, EngineStartError
@@ -34,7 +35,7 @@ class PoolSettings:
 
     reports_dir: Path
     max_live_engines: int = 3
-    start_timeout: float = 600.0
+    start_timeout: float | None = None  # None: per backend (harness.card.start_timeout)
     engine_reuse: bool = True
 
 
@@ -42,6 +43,8 @@ def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[s
     """The python, environment and LLM arguments the engine's stack adds (none for default)."""
     if cfg.stack == "default":
         return None, {}, {}
+    if cfg.stack == host_stack.HOST:
+        return host_stack.host_python(), {}, {}
     from harness.stacks import load_stack, stack_python
 
     stack = load_stack(cfg.stack)
@@ -62,6 +65,7 @@ class EnginePool:
         self._live: OrderedDict[str, EngineHost] = OrderedDict()
         self._failed: dict[str, EngineError] = {}
         self.started: list[EngineStart] = []
+        self.cards = card.CardLedger()  # starts and stops per card (one engine per card)
 
     def get(self, cfg: EngineConfig) -> EngineHost:
         key = cfg.key
@@ -73,6 +77,9 @@ class EnginePool:
             return host
         if host is not None:
             self.discard(key)
+        if card.is_card_config(cfg):  # a card cannot load two models at once
+            for other in self.cards.live_on(str(cfg.device)):
+                self.discard(other)
         while len(self._live) >= max(1, self.settings.max_live_engines):
             self.discard(next(iter(self._live)))
         target = target_for(cfg)
@@ -92,21 +99,31 @@ class EnginePool:
                 env,
                 llm_kwargs,
                 self.settings.reports_dir / "engine-logs",
-                start_timeout=self.settings.start_timeout,
+                start_timeout=card.start_timeout(cfg, self.settings.start_timeout),
                 python=python,
             )
         except EngineError as e:
+            if card.is_card_config(cfg):
+                self.cards.started(cfg, ok=False)
             self._failed[key] = e
             raise
+        if card.is_card_config(cfg):
+            self.cards.started(cfg)
+        problem = card.verify_card_engine(cfg, host.info, card.log_since(host.log_path, host.log_offset))
+        if problem:
+            tail = host.log_tail()
+            self._close(key, host)
+            self._failed[key] = card.CardMismatch(problem, tail)
+            raise self._failed[key]
         try:
             check_capacity(cfg, host.info)
         except CapacityError as e:
-            host.close()
+            self._close(key, host)
             self._failed[key] = e
             raise
         problem = target.check_started(host.info)
         if problem:  # the engine runs, but not as this target asked (platform, cores, blocks)
-            host.close()
+            self._close(key, host)
             self._failed[key] = EngineStartError(f"{cfg.label}: {problem}")
             raise self._failed[key]
         self.started.append(EngineStart(cfg.label, key, round(host.start_seconds, 2)))
@@ -125,7 +142,11 @@ class EnginePool:
     def discard(self, key: str) -> None:
         host = self._live.pop(key, None)
         if host is not None:
-            host.close()
+            self._close(key, host)
+
+    def _close(self, key: str, host: EngineHost) -> None:
+        host.close()
+        self.cards.closed(key)
 
     def close(self) -> None:
         for key in list(self._live):

@@ -132,6 +132,12 @@ class EngineSide:
         except Exception as e:  # the ledger is optional for serving; say why it is absent
             info["kv_error"] = repr(e)
         try:
+            from harness.card import engine_card_info
+
+            info["card"] = engine_card_info()
+        except Exception as e:  # the card check then fails saying what is missing
+            info["card"] = {"error": repr(e)}
+        try:
             import vllm_spyre
 
             info["vllm_spyre_version"] = getattr(vllm_spyre, "__version__", "?")

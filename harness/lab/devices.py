@@ -68,6 +68,11 @@ class DeviceScan:
         )
 
 
+def device_root() -> Path:
+    """The filesystem root discovery reads: HIL_DEVICE_ROOT (a fake card host's tree) or /."""
+    return Path(os.environ.get("HIL_DEVICE_ROOT") or "/")
+
+
 def _read_id(path: Path) -> str | None:
     try:
         return path.read_text().strip().lower()

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from harness import card
+from harness.card_report import card_stack_problem
 from harness.checks.tokens import NearTiePolicy
+from harness.engine_order import save_record
+from harness.lab.devices import device_root
 from harness.lab.inventory import discover_inventory, load_inventory
 from harness.lab.lease_files import LeaseDirError
 from harness.lab.leases import LeaseManager, LeaseUnavailable
@@ -34,17 +38,22 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         cache_dir=cache_dir,
         reports_dir=Path(opt("--hil-reports-dir")),
         near_tie=NearTiePolicy(top_k=opt("--near-tie-topk"), prob_tol=opt("--near-tie-tol")),
+        near_tie_tol_sendnn=opt("--near-tie-tol-sendnn"),
         engine_reuse=not opt("--no-engine-reuse"),
         reference_cache=not opt("--no-reference-cache"),
         max_live_engines=opt("--max-live-engines"),
         call_timeout=opt("--engine-timeout"),
+        start_timeout=opt("--engine-start-timeout"),
         faults=tuple(opt("--inject-fault")),
         kv_probe=not opt("--no-kv-probe"),
         stack=opt("--stack"),
+        plan_only=opt("--hil-plan"),
     )
     inv_path = opt("--inventory")
-    inventory = (load_inventory(Path(inv_path), allow_external_faults=opt("--allow-external-faults"))
-                 if inv_path else discover_inventory())
+    root = device_root()
+    inventory = (load_inventory(Path(inv_path), root,
+                                allow_external_faults=opt("--allow-external-faults"))
+                 if inv_path else discover_inventory(root))
     leases = LeaseManager(
         inventory,
         lease_dir=Path(opt("--lease-dir")),
@@ -58,6 +67,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         yield session
     finally:
         session.write_stats(_worker_id(pytestconfig))
+        save_record(cache_dir, session.test_configs)
         session.close()
 
 
@@ -101,6 +111,9 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
             _missing(request, probe)
         return variant
     assert leases is not None
+    card_problem = card_stack_problem(variant, hil.opts.stack)
+    if card_problem:  # a stack that cannot drive a card is not a broken card: never leased
+        _missing(request, card_problem)
     try:
         lease = leases.lease(variant.target, variant.backend, variant.mode)
     except LeaseUnavailable as e:
@@ -112,4 +125,6 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     broken = leases.broken(lease.device)
     if broken:
         _missing(request, broken)
-    return variant.on_device(lease.device.id, lease.env())
+    # The card's defaults first; the inventory's env for the device (in lease.env()) wins.
+    cache_dir = Path(request.config.getoption("--hil-cache-dir"))
+    return variant.on_device(lease.device.id, {**card.card_env(lease.device, cache_dir), **lease.env()})

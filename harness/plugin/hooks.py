@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from fixtures.models import MODEL_SPECS
+from harness.card import summary_lines
 from harness.checks.exposure import exposure_lines
+from harness.engine_order import order_tests_by_engine_config
+from harness.host_stack import HOST, default_stack
+from harness.lab.devices import device_root
 from harness.lab.inventory import InventoryError, load_inventory
 from harness.lab.lease_files import default_lease_dir
 from harness.lab.quarantine import apply_quarantine, load_quarantine, quarantined_passes
@@ -27,6 +31,8 @@ QUARANTINE_KEY = pytest.StashKey[list]()
 SHARD_PLAN_KEY = pytest.StashKey[str]()
 
 ROOT = Path(__file__).resolve().parents[2]
+# Outputs default to the folder pytest runs in, never into an installed or checked-out harness.
+HERE = Path.cwd()
 
 MARKERS = {
     **kind_markers(),  # cpu, spyre, neuron, sb, cb, cp: declared by the kinds (harness/targets/)
@@ -37,10 +43,11 @@ MARKERS = {
     "hil_targets": "hil_targets(spec): limit a test's target variants (same syntax as --target)",
     "nightly": "in the nightly selection (hil nightly)",
     "slow": "end to end: starts engines or child pytests (deselect with -m 'not slow')",
+    "card_host": "end-to-end on the emulated card host (tools/card-host/run.sh; minutes)",
 }
 
 DEFAULT_MODELS = ",".join(MODEL_SPECS)
-DEFAULT_QUARANTINE = ROOT / "quarantine.toml"
+DEFAULT_QUARANTINE = HERE / "quarantine.toml"  # the folder the run starts in
 
 
 def empty_folder(folder: Path) -> None:
@@ -85,9 +92,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="skip the per-step KV snapshots (benchmarks; KV invariant checks then fail)")
     g.addoption("--no-reference-cache", action="store_true",
                 help="recompute every reference output (baseline for benchmarks)")
-    g.addoption("--hil-cache-dir", default=os.environ.get("HIL_CACHE_DIR", str(ROOT / ".hil-cache")),
+    g.addoption("--hil-cache-dir", default=os.environ.get("HIL_CACHE_DIR", str(HERE / ".hil-cache")),
                 help="models, reference outputs and engine caches (env HIL_CACHE_DIR)")
-    g.addoption("--hil-reports-dir", default=os.environ.get("HIL_REPORTS_DIR", str(ROOT / "reports")),
+    g.addoption("--hil-reports-dir", default=os.environ.get("HIL_REPORTS_DIR", str(HERE / "reports")),
                 help="engine logs and run statistics (env HIL_REPORTS_DIR)")
     g.addoption("--max-live-engines", type=int, default=3,
                 help="engines kept alive at once per worker (default 3)")
@@ -118,9 +125,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 " present, else by test count (env HIL_SHARD_DURATIONS)")
     g.addoption("--quarantine", default=os.environ.get("HIL_QUARANTINE", str(DEFAULT_QUARANTINE)),
                 help="known failures: run and reported as known, not failing the run")
-    g.addoption("--stack", default=os.environ.get("HIL_STACK", "default"),
+    g.addoption("--stack", default=default_stack(),
                 help="the pinned stack (stacks/NAME.toml) whose venv runs the engines; install it"
-                " with ./setup.sh --stack NAME (env HIL_STACK; default: default)")
+                " with ./setup.sh --stack NAME; or host: the Python given by --python, as it is"
+                " (env HIL_STACK; default: default in a checkout, else host)")
+    g.addoption("--python", default=os.environ.get("HIL_HOST_PYTHON", ""), metavar="PATH",
+                help="with --stack host: the Python engines run in (default: this one; env HIL_HOST_PYTHON)")
+    g.addoption("--device-root", default=os.environ.get("HIL_DEVICE_ROOT", ""), metavar="DIR",
+                help="read sysfs and /dev below DIR instead of / (a fake card host; env HIL_DEVICE_ROOT)")
+    g.addoption("--engine-start-timeout", type=float,
+                default=float(os.environ.get("HIL_ENGINE_START_TIMEOUT", "0")) or None,
+                help="seconds an engine may take to start (default per backend: sendnn 1200,"
+                " neuron 1800, others 600; env HIL_ENGINE_START_TIMEOUT)")
+    g.addoption("--hil-plan", action="store_true",
+                help="plan only: record each test's engine configuration (for the test order) and"
+                " skip it before any engine starts")
+    g.addoption("--near-tie-tol-sendnn", type=float, default=0.10,
+                help="near-tie tolerance on the sendnn backend (the card computes fp16 against the"
+                " fp32 reference; default 0.10)")
     g.addoption("--engine-timeout", type=float, default=900.0,
                 help="seconds one engine call may take before the engine is killed")
 
@@ -192,10 +214,16 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--inject-fault: {e}") from None
     from harness.stacks import StackError, load_stack
 
-    try:
-        load_stack(config.getoption("--stack"))
-    except StackError as e:
-        raise pytest.UsageError(f"--stack: {e}") from None
+    # Engines and discovery read these from the environment (children inherit them).
+    if config.getoption("--device-root"):
+        os.environ["HIL_DEVICE_ROOT"] = str(Path(config.getoption("--device-root")).resolve())
+    if config.getoption("--python"):
+        os.environ["HIL_HOST_PYTHON"] = config.getoption("--python")
+    if config.getoption("--stack") != HOST:
+        try:
+            load_stack(config.getoption("--stack"))
+        except StackError as e:
+            raise pytest.UsageError(f"--stack: {e}") from None
     try:
         config.stash[SHARD_KEY] = parse_shard(config.getoption("--shard"))
         quarantine = str(config.getoption("--quarantine"))
@@ -203,7 +231,7 @@ def pytest_configure(config: pytest.Config) -> None:
             Path(quarantine), required=quarantine != str(DEFAULT_QUARANTINE))
         inv = config.getoption("--inventory")
         if inv:
-            load_inventory(Path(inv), allow_external_faults=allow_external)
+            load_inventory(Path(inv), device_root(), allow_external_faults=allow_external)
     except (ValueError, InventoryError) as e:
         raise pytest.UsageError(str(e)) from None
     if not _is_worker(config) and not writes_nothing(config):
@@ -255,8 +283,10 @@ def _variant_rank(item: pytest.Item) -> tuple[int, str]:
 # Last, so that the shards are planned over what -m and -k left.
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Equal engine configurations run together, so each engine starts once.
+    # Equal engine configurations run together, so each engine starts once (per card: the
+    # configurations recorded by earlier runs order the tests within a variant and model).
     items.sort(key=_variant_rank)
+    order_tests_by_engine_config(items, Path(config.getoption("--hil-cache-dir")), _variant_rank)
     shard = config.stash.get(SHARD_KEY, None)
     if shard is not None:
         try:
@@ -293,6 +323,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     leases: list[str] = []
     exposure: list[dict] = []
     bad: list[str] = []
+    cards: list[dict] = []
     for f in files:
         s = json.loads(f.read_text())
         engines += s["engines"]
@@ -302,6 +333,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         leases += s.get("leases", [])
         exposure.append(s.get("exposure", {}))
         bad += s.get("reference_bad", [])
+        cards += s.get("cards", [])
     tr = terminalreporter
     tr.section("vllm-hil")
     tr.write_line(f"stack: {config.getoption('--stack')}")
@@ -309,6 +341,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         tr.write_line(f"lease: {line}")
     starts = ", ".join(f"{e['config']} {e['seconds']}s" for e in engines) or "none"
     tr.write_line(f"engines started: {len(engines)} ({starts})")
+    for line in summary_lines(cards):
+        tr.write_line(line)
     tr.write_line(f"reference cache: {hits} hits, {misses} computed")
     if bad:
         tr.write_line(f"reference cache: {len(bad)} bad entr{'y' if len(bad) == 1 else 'ies'}"

@@ -95,6 +95,10 @@ def device_properties(root: Path = Path("/")) -> dict[str, str]:
 
 def stack_properties(name: str) -> dict[str, str]:
     """``stack.<name>``: the pinned versions the engines of that stack ran with."""
+    from harness.host_stack import HOST, describe
+
+    if name == HOST:
+        return {f"stack.{name}": describe()}
     try:
         from harness.stacks import load_stack
 

@@ -86,16 +86,15 @@ class SpyreTarget(VllmTarget):
             return "vllm-spyre is not installed in this environment; run ./setup.sh"
         if variant.backend != "sendnn":
             return None
-        from harness.lab.devices import discover_spyre
+        from harness.card import torch_sendnn_status
+        from harness.lab.devices import device_root, discover_spyre
 
-        scan = discover_spyre()
+        scan = discover_spyre(device_root())
         if not scan.usable:
             return scan.why_none()
-        if importlib.util.find_spec("torch_sendnn") is None:
-            return (
-                f"{len(scan.usable)} Spyre card(s) found but torch_sendnn is not installed;"
-                " install the Spyre software stack or use -m cpu"
-            )
+        _, problem = torch_sendnn_status()
+        if problem:
+            return f"{len(scan.usable)} Spyre card(s) found, but {problem}"
         return None
 
     @classmethod

@@ -1,0 +1,250 @@
+"""Card policy: environment, verification, one engine per card, ordering, tolerance (no engines)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness import card
+from harness.checks.tokens import NearTiePolicy
+from harness.engine.config import EngineConfig
+from harness.engine.host import EngineRefused, EngineStartError
+from harness.engine_order import order_tests_by_engine_config, save_record
+from harness.lab.inventory import InventoryDevice
+from harness.session import HilSession, SessionOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+ADDR, OTHER = "0000:3b:00.0", "0000:3c:00.0"
+
+
+def card_device(**kw: object) -> InventoryDevice:
+    base: dict = dict(id="card0", kind="spyre", backend="sendnn", address=ADDR)
+    base.update(kw)
+    return InventoryDevice(**base)
+
+
+def card_cfg(env: dict[str, str] | None = None, device: str = "card0") -> EngineConfig:
+    env = env if env is not None else card.card_env(card_device(), Path("/cache"))
+    return EngineConfig(target="spyre", model="/m", max_model_len=256, max_num_seqs=2, mode="cb",
+                        backend="sendnn", device=device, extra_env=tuple(sorted(env.items())))
+
+
+def good_info() -> dict:
+    return {"platform": "SpyrePlatform",
+            "card": {"dynamo_backend": "sendnn", "env": {"FLEX_COMPUTE": "SENTIENT"}}}
+
+
+def test_card_env_defaults_and_the_inventory_wins() -> None:
+    env = card.card_env(card_device(), Path("/c"))
+    assert env["FLEX_COMPUTE"] == "SENTIENT" and env["FLEX_DEVICE"] == "VFIO"
+    assert env["AIU_WORLD_SIZE"] == "1" and env["AIU_WORLD_RANK_0"] == ADDR
+    assert env["TORCH_SENDNN_CACHE_ENABLE"] == "1"
+    assert env["TORCH_SENDNN_CACHE_DIR"] == "/c/sendnn/card0"
+    assert env["DTLOG_LEVEL"] == "INFO"
+    assert card.card_env(card_device(backend="eager"), Path("/c")) == {}
+    assert card.card_env(InventoryDevice(id="n0", kind="neuron"), Path("/c")) == {}
+
+
+def test_verification_passes_on_the_leased_card() -> None:
+    log = f"x\n[DT INFO] Opened: SEN:VFIO:{ADDR} (iommu group 40)\n"
+    assert card.verify_card_engine(card_cfg(), good_info(), log) is None
+
+
+@pytest.mark.parametrize("log, info_change, wrong", [
+    (f"Opened: SEN:VFIO:{OTHER}\n", {}, "opened"),
+    ("Opened: SENULATOR (FLEX_COMPUTE=unset)\n", {"FLEX_COMPUTE": "SENULATOR"}, "FLEX_COMPUTE"),
+    ("nothing opened\n", {}, "opened"),
+    (f"Opened: SEN:VFIO:{ADDR}\n", {"platform": "CpuPlatform"}, "platform"),
+    (f"Opened: SEN:VFIO:{ADDR}\n", {"dynamo_backend": "eager"}, "dynamo backend"),
+])
+def test_verification_fails_with_expected_and_seen(log: str, info_change: dict, wrong: str) -> None:
+    info = good_info()
+    if "platform" in info_change:
+        info["platform"] = info_change["platform"]
+    if "dynamo_backend" in info_change:
+        info["card"]["dynamo_backend"] = info_change["dynamo_backend"]
+    if "FLEX_COMPUTE" in info_change:
+        info["card"]["env"]["FLEX_COMPUTE"] = info_change["FLEX_COMPUTE"]
+    problem = card.verify_card_engine(card_cfg(), info, log)
+    assert problem is not None
+    assert f"wrong {wrong}" in problem.splitlines()[0] or wrong in problem.splitlines()[0]
+    assert f"opened: expected SEN:VFIO:{ADDR}, seen" in problem
+
+
+def test_cpu_engines_are_not_card_engines() -> None:
+    cfg = EngineConfig(target="spyre", model="/m", max_model_len=256, max_num_seqs=2, mode="cb",
+                       backend="eager")
+    assert not card.is_card_config(cfg)
+    assert card.verify_card_engine(cfg, {}, "") is None
+    assert card.start_timeout(cfg, None) == 600.0
+    assert card.start_timeout(card_cfg(), None) == 1200.0
+    assert card.start_timeout(card_cfg(), 42.0) == 42.0
+
+
+def test_ledger_finds_two_live_engines_and_restarts() -> None:
+    ledger = card.CardLedger()
+    a = card_cfg()
+    b = a.with_(max_num_seqs=4)
+    ledger.started(a)
+    ledger.started(b)  # a still live: a violation
+    ledger.closed(a.key)
+    ledger.closed(b.key)
+    ledger.started(a)  # a second start of a: a violation
+    problems = card.ledger_problems(ledger.to_list())
+    assert any("still live" in p for p in problems)
+    assert any(f"configuration {a.key} started 2 times" in p for p in problems)
+    clean = card.CardLedger()
+    clean.started(a)
+    clean.closed(a.key)
+    clean.started(b)
+    assert card.ledger_problems(clean.to_list()) == []
+    assert "card card0: 2 configuration(s)" in card.summary_lines(clean.to_list())[0]
+
+
+def test_near_tie_tolerance_per_backend_states_dtypes() -> None:
+    base = NearTiePolicy(top_k=5, prob_tol=0.05)
+    sendnn = card.near_tie_policy(base, "spyre-sendnn-cb", 0.1)
+    assert sendnn.prob_tol == 0.1 and "reference fp32" in sendnn.describe()
+    assert "device fp16" in sendnn.describe()
+    eager = card.near_tie_policy(base, "spyre-eager-cb", 0.1)
+    assert eager.prob_tol == 0.05 and "device fp32" in eager.describe()
+
+
+@dataclass
+class Item:
+    nodeid: str
+    group: int
+
+
+def test_tests_are_ordered_by_recorded_configuration(tmp_path: Path) -> None:
+    items = [Item("t1[x]", 0), Item("t2[y]", 0), Item("t3[x]", 0), Item("t4", 0)]
+    order_tests_by_engine_config(items, tmp_path, lambda i: i.group)
+    assert [i.nodeid for i in items] == ["t1[x]", "t2[y]", "t3[x]", "t4"]  # no record: unchanged
+    save_record(tmp_path, {"t1[x]": "cfg-a", "t2[y]": "cfg-b", "t3[x]": "cfg-a"})
+    order_tests_by_engine_config(items, tmp_path, lambda i: i.group)
+    assert [i.nodeid for i in items] == ["t1[x]", "t3[x]", "t2[y]", "t4"]
+
+
+class RefusingPool:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def get(self, cfg: EngineConfig) -> None:
+        raise self.error
+
+    def release(self, cfg: EngineConfig) -> None:
+        pass
+
+
+def _session(tmp_path: Path, error: Exception) -> tuple[HilSession, list[str]]:
+    s = HilSession(SessionOptions(cache_dir=tmp_path, reports_dir=tmp_path))
+    s.engines.pool = RefusingPool(error)  # type: ignore[assignment]
+    marked: list[str] = []
+    s._mark_device_broken = lambda cfg, e: marked.append(str(e))  # type: ignore[method-assign]
+    return s, marked
+
+
+def test_expected_refusal_does_not_mark_the_card_broken(tmp_path: Path) -> None:
+    s, marked = _session(tmp_path, EngineRefused("engine refused: Number of pages"))
+    with s.expect_refusal(), pytest.raises(EngineStartError):
+        s.engines._call(card_cfg(), "generate", {})
+    assert marked == []
+    with pytest.raises(EngineStartError):  # not expected: the card is marked
+        s.engines._call(card_cfg(), "generate", {})
+    assert len(marked) == 1
+
+
+def test_crash_at_start_marks_the_card_broken_even_when_a_refusal_is_expected(tmp_path: Path) -> None:
+    s, marked = _session(tmp_path, EngineStartError("engine died with exit code -9 while starting"))
+    with s.expect_refusal(), pytest.raises(EngineStartError):
+        s.engines._call(card_cfg(), "generate", {})
+    assert len(marked) == 1
+
+
+@pytest.fixture
+def torch_sendnn_emulated(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    monkeypatch.syspath_prepend(str(ROOT / "emulation" / "torch_sendnn"))
+    for name in [m for m in sys.modules if m.startswith("torch_sendnn")]:
+        monkeypatch.delitem(sys.modules, name)
+    import torch_sendnn.device as device
+
+    yield device
+    for name in [m for m in sys.modules if m.startswith("torch_sendnn")]:
+        del sys.modules[name]  # the emulation must not look installed to later tests
+
+
+def _fake_tree(root: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tools" / "card-host"))
+    try:
+        import fake_device_tree
+    finally:
+        sys.path.pop(0)
+    fake_device_tree.write_tree(root, 2)
+
+
+def test_emulated_runtime_opens_the_card_it_is_told(tmp_path: Path, torch_sendnn_emulated,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    _fake_tree(tmp_path)
+    monkeypatch.setenv("SENDNN_EMULATION_ROOT", str(tmp_path))
+    monkeypatch.setenv("DTLOG_LEVEL", "INFO")
+    monkeypatch.setenv("FLEX_COMPUTE", "SENTIENT")
+    monkeypatch.setenv("FLEX_DEVICE", "VFIO")
+    monkeypatch.setenv("AIU_WORLD_RANK_0", OTHER)
+    assert torch_sendnn_emulated.open_device() == f"SEN:VFIO:{OTHER}"
+    assert card.opened_devices(capsys.readouterr().err) == [f"SEN:VFIO:{OTHER}"]
+    monkeypatch.setenv("AIU_WORLD_RANK_0", "0000:99:00.0")
+    with pytest.raises(torch_sendnn_emulated.DeviceOpenError, match="no PCI device 0000:99:00.0"):
+        torch_sendnn_emulated.open_device()
+    monkeypatch.delenv("FLEX_COMPUTE")
+    assert torch_sendnn_emulated.open_device() == "SENULATOR"
+
+
+def test_discovery_reads_the_device_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.lab.devices import device_root, discover_spyre
+    from harness.lab.inventory import discover_inventory
+
+    _fake_tree(tmp_path)
+    monkeypatch.setenv("HIL_DEVICE_ROOT", str(tmp_path))
+    assert [d.id for d in discover_spyre(device_root()).usable] == [ADDR, OTHER]
+    inv = discover_inventory(device_root())
+    assert [d.address for d in inv.devices if d.kind == "spyre"] == [ADDR, OTHER]
+
+
+def test_missing_torch_sendnn_is_a_stack_problem_not_a_broken_card(tmp_path: Path) -> None:
+    if card.torch_sendnn_status()[1] is None:
+        pytest.skip("torch_sendnn is importable here")
+    from tests.suite_runner import run_suite
+
+    sys.path.insert(0, str(ROOT / "tools" / "card-host"))
+    try:
+        import fake_device_tree
+    finally:
+        sys.path.pop(0)
+    addresses = fake_device_tree.write_tree(tmp_path / "root", 1)
+    inv = tmp_path / "inv.toml"
+    inv.write_text(fake_device_tree.inventory_text(addresses))
+    run = run_suite(tmp_path, "suites/test_token_equality.py", "-m", "spyre", "--model", "tiny-llama",
+                    "-k", "single and not one-token and cb", "--inventory", str(inv),
+                    "--device-root", str(tmp_path / "root"), "--require-device")
+    assert run.returncode == 1, run.output[-2000:]
+    (message,) = run.messages.values()
+    assert "stack default: torch_sendnn is not importable in this Python: a stack problem" in message
+    assert not list((tmp_path / "reports" / "devices").glob("*.broken.json"))
+
+
+def test_summary_gets_a_cards_section(tmp_path: Path) -> None:
+    import json
+
+    ledger = card.CardLedger()
+    ledger.started(card_cfg())
+    (tmp_path / "stats").mkdir()
+    (tmp_path / "stats" / "gw0.json").write_text(json.dumps({"cards": ledger.to_list()}))
+    (tmp_path / "summary.md").write_text("# run\n")
+    section = card.append_card_summary(tmp_path / "stats", tmp_path / "summary.md")
+    assert "card card0: 1 configuration(s): spyre-sendnn-cb" in section
+    assert "## Cards" in (tmp_path / "summary.md").read_text()
+    assert card.append_card_summary(tmp_path / "none", tmp_path / "summary.md") == ""

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The emulated card host, as CI runs it (no card on this machine):
+#  1. a "card image": a venv whose site-packages already hold the stack (a .pth onto the default
+#     stack's site-packages, as a vendor base image with system site packages would), plus the
+#     emulated torch_sendnn (emulation/torch_sendnn);
+#  2. the harness pip-installed into it, non-editable, from a copy of this checkout's files;
+#  3. a fake device tree with two Spyre cards (PCI 1014:06a7, VFIO groups) and an inventory;
+#  4. `pytest -m spyre` run from another folder with the suites: discovery, leases, card env,
+#     one engine per card, the on-card verification, every card suite, no skip allowed.
+# Everything lands in $HIL_CARD_HOST_DIR (default .hil-cache/card-host, git-ignored); steps 1-3
+# are redone only when their inputs changed. Extra arguments go to pytest (a selection, faults).
+#
+#   tools/card-host/run.sh                        # the selection CI runs
+#   tools/card-host/run.sh -k 'token' --inject-fault perturb-logit
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=${HIL_CARD_HOST_DIR:-$REPO/.hil-cache/card-host}
+BASE_PY=${HIL_CARD_HOST_BASE_PYTHON:-$REPO/.venv/bin/python}
+IMAGE=$WORK/image
+PY=$IMAGE/bin/python
+mkdir -p "$WORK"
+t0=$(date +%s)
+
+# 1+2. The card image, rebuilt when the harness's or the emulation's files change.
+stamp=$(cd "$REPO" && git ls-files -co --exclude-standard -- harness fixtures emulation pyproject.toml \
+        | sort | xargs sha256sum | sha256sum | cut -c1-16)
+if [ "$(cat "$IMAGE/.card-image-stamp" 2>/dev/null)" != "$stamp" ]; then
+  echo "card-host: building the card image in $IMAGE" >&2
+  rm -rf "$IMAGE" "$WORK/src"
+  base_site=$("$BASE_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  base_ver=$("$BASE_PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  "$BASE_PY" -m venv --without-pip "$IMAGE"
+  site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$base_site" > "$site/card-image-base.pth"   # the image's preinstalled stack
+  "$PY" -c 'import vllm, vllm_spyre, torch, pip' # the stack is there before the harness
+  mkdir -p "$WORK/src"
+  (cd "$REPO" && git ls-files -co --exclude-standard -- harness fixtures emulation pyproject.toml README.md \
+     | tar -cf - -T -) | tar -C "$WORK/src" -xf -
+  pipi() { "$PY" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation --no-index "$@"; }
+  pipi "$WORK/src/emulation/torch_sendnn"   # the vendor runtime, emulated
+  pipi "$WORK/src"                          # the harness, as a lab installs it
+  echo "$stamp" > "$IMAGE/.card-image-stamp"
+  echo "card-host: image built (python $base_ver) in $(( $(date +%s) - t0 )) s" >&2
+fi
+
+# 3. The fake host: two cards and the lab's inventory.
+rm -rf "$WORK/host-root"
+"$PY" "$REPO/tools/card-host/fake_device_tree.py" "$WORK/host-root" --cards 2 \
+  --inventory "$WORK/inventory.toml" >/dev/null
+
+# 4. Run from another folder: the suites as a lab checks them out, outputs in that folder.
+RUN=${HIL_CARD_HOST_RUN_DIR:-$WORK/run}
+rm -rf "$RUN/suites" "$RUN/reports" "$RUN/leases"
+mkdir -p "$RUN"
+cp -r "$REPO/suites" "$RUN/suites"
+cat > "$RUN/pytest.ini" <<'INI'
+[pytest]
+addopts = --strict-markers -ra -p no:cacheprovider
+timeout = 1800
+timeout_method = signal
+filterwarnings =
+    ignore::DeprecationWarning
+    ignore::FutureWarning
+INI
+cd "$RUN"
+export HIL_DEVICE_ROOT=$WORK/host-root SENDNN_EMULATION_ROOT=$WORK/host-root
+export HIL_INVENTORY=$WORK/inventory.toml HIL_LEASE_DIR=$RUN/leases HIL_CACHE_DIR=$WORK/cache
+if [ -z "${HIL_CARD_HOST_NO_DEVICES_CHECK:-}" ]; then
+  "$IMAGE/bin/hil" devices --inventory "$HIL_INVENTORY"
+fi
+# The smallest selection that runs every card suite on every card mode (13 tests, 9 engine
+# configurations), on two workers: one per card.
+if [ $# -eq 0 ]; then
+  set -- -k "(token_equality and pair) or 64-2 or after_warmup or back-to-idle or capacity" \
+         -n "${HIL_CARD_HOST_WORKERS:-2}"
+fi
+# The order of tests by engine configuration comes from a plan-only pass (no engine starts).
+"$PY" -m pytest suites -m spyre --stack host --model tiny-llama -q --hil-plan "$@" >/dev/null || true
+rc=0
+"$PY" -m pytest suites -m spyre --stack host --model tiny-llama --require-device \
+  --junitxml="$RUN/reports/junit.xml" "$@" || rc=$?
+echo "card-host: wall time $(( $(date +%s) - t0 )) s (rc=$rc)" >&2
+exit $rc
