@@ -67,17 +67,21 @@ class EngineDriver:
             except ConfigError as e:
                 raise ConfigError(f"scenario {scenario.name}, request {r.request_id}: {e}") from None
 
-    def _call(self, cfg: EngineConfig, op: str, payload: Any) -> tuple[EngineHost, Any]:
-        """One command on the engine of ``cfg``; a dead or hung engine is dropped, and the
-        device it ran on is reported broken so later tests skip with this error."""
+    def _start(self, cfg: EngineConfig) -> EngineHost:
+        """The live engine of ``cfg`` (started if needed); a start error reports the device."""
         if self.before_call is not None:
             self.before_call(cfg)
         try:
             with self.timers.timed("engine_start"):
-                host = self.pool.get(cfg)
+                return self.pool.get(cfg)
         except EngineStartError as e:
             self.on_device_failed(cfg, e)
             raise
+
+    def _call(self, cfg: EngineConfig, op: str, payload: Any) -> tuple[EngineHost, Any]:
+        """One command on the engine of ``cfg``; a dead or hung engine is dropped, and the
+        device it ran on is reported broken so later tests skip with this error."""
+        host = self._start(cfg)
         offset = host.log_path.stat().st_size if host.log_path.exists() else 0
         self.listener.on_engine(cfg, host.log_path, offset)
         try:
@@ -130,8 +134,7 @@ class EngineDriver:
 
     def kv_pool(self, cfg: EngineConfig) -> KvPool:
         """The KV pool the engine of ``cfg`` decided on at start (starting it if needed)."""
-        with self.timers.timed("engine_start"):
-            host = self.pool.get(cfg)
+        host = self._start(cfg)
         pool = KvPool.from_engine_info(host.info)
         if pool is None:
             raise EngineRequestError(
