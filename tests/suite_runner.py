@@ -10,6 +10,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# A child pytest outside this checkout loads the harness as this checkout's modules: the
+# installed copy's pytest11 entry points are blocked, or the plugin would register twice.
+CHECKOUT_PLUGINS = ["-p", "no:vllm-hil", "-p", "no:vllm-hil-fixtures", "-p", "no:vllm-hil-allure",
+                    "-p", "harness.plugin.hooks", "-p", "harness.plugin.fixtures",
+                    "-p", "harness.plugin.allure_report"]
+
 
 @dataclass
 class SuiteRun:

@@ -33,7 +33,7 @@ from harness.targets import target_for
 from harness.targets.cpu_ref import ReferenceRunner
 from harness.trace import TokenStep
 from harness.variants import VARIANTS, select_variants
-from tests.suite_runner import run_suite
+from tests.suite_runner import CHECKOUT_PLUGINS, run_suite
 
 
 def cfg(**kw):
@@ -397,8 +397,7 @@ def test_a_killed_run_leaves_its_results_with_the_environment(tmp_path):
     suite = write(tmp_path, "test_killed.py", KILLED_SUITE)
     results = tmp_path / "allure-results"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-           "-p", "harness.plugin.hooks", "-p", "harness.plugin.fixtures",
-           "-p", "harness.plugin.allure_report", f"--alluredir={results}",
+           *CHECKOUT_PLUGINS, f"--alluredir={results}",
            f"--hil-reports-dir={tmp_path / 'reports'}", str(suite)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
@@ -717,8 +716,7 @@ def test_accepted_arguments_clean_the_previous_results_once(tmp_path):
     earlier = earlier_run(reports)
     results = reports / "allure-results"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-           "-p", "harness.plugin.hooks", "-p", "harness.plugin.fixtures",
-           "-p", "harness.plugin.allure_report", f"--alluredir={results}", "--hil-clean-results",
+           *CHECKOUT_PLUGINS, f"--alluredir={results}", "--hil-clean-results",
            f"--hil-reports-dir={reports}", str(suite)]
     run = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          capture_output=True, text=True, timeout=300)
