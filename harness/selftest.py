@@ -68,6 +68,9 @@ CPU_CASES: tuple[Case, ...] = (
     Case("keep-dummy-on-join", "spyre-eager-cb", FREEING, "dummy_padding", "block leak",
          stack=LEGACY_STACK),
 )
+# Faults that need a card (their check is the on-card verification); tests/test_card_host.py
+# proves them on the emulated card host.
+CARD_ONLY_FAULTS = ("open-other-card",)
 # On a card the faults that patch vLLM itself apply; the device is required, not skipped.
 CARD_CASES: dict[str, tuple[Case, ...]] = {
     kind: tuple(
