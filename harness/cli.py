@@ -106,9 +106,9 @@ def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
         return 2
     from harness.report.lab_report import keep_durations
 
-    keep_durations(Path(args.results or reports / "allure-results"), reports)
+    keep_durations(results, reports)
     return report_command(
-        Path(args.results or reports / "allure-results"),
+        results,
         Path(args.output or reports / "allure-report"),
         reports / "summary.md",
         history=not args.no_history, serve=args.serve, port=args.port,

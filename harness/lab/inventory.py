@@ -150,10 +150,6 @@ def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bo
         where = f"{path}: device #{n}"
         if not isinstance(e, dict):
             raise InventoryError(f"{where}: expected a table of fields, got {type(e).__name__}")
-        unknown = set(e) - {"id", "kind", "backend", "address", "features", "health", "env",
-                            "cores", "engine"}
-        if unknown:
-            raise InventoryError(f"{where}: unknown field(s) {sorted(unknown)}")
         dev_id = e.get("id")
         if not isinstance(dev_id, str) or not dev_id:
             raise InventoryError(f"{where}: missing 'id'")
