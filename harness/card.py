@@ -185,6 +185,14 @@ class CardLedger:
         if device is not None:
             self.events.append({"event": "close", "device": device, "key": key, "time": time.time()})
 
+    def mark_replacement(self, key: str) -> None:
+        """The last start of ``key`` replaced a dirty engine of it (not a second configuration
+        start: harness.engine.hygiene)."""
+        for e in reversed(self.events):
+            if e["key"] == key and e["event"] == "start":
+                e["replacement"] = True
+                return
+
     def live_on(self, device: str) -> list[str]:
         return [k for k, d in self._live.items() if d == device]
 
@@ -200,7 +208,7 @@ def ledger_problems(events: list[dict[str, Any]]) -> list[str]:
     starts: dict[tuple[str, str], int] = {}
     for e in sorted(events, key=lambda e: e["time"]):
         dev = e["device"]
-        if e["event"] in ("start", "refused"):
+        if e["event"] in ("start", "refused") and not e.get("replacement"):
             starts[(dev, e["key"])] = starts.get((dev, e["key"]), 0) + 1
         if e["event"] == "start":
             held = live.setdefault(dev, set())
@@ -223,6 +231,7 @@ def summary_lines(events: list[dict[str, Any]]) -> list[str]:
             f"{e['config']} [{e['key'].rsplit(':', 1)[-1]}] at"
             f" {time.strftime('%H:%M:%S', time.localtime(e['time']))}"
             + (" (refused)" if e["event"] == "refused" else "")
+            + (" (replacing a dirty engine)" if e.get("replacement") else "")
             for e in sorted(starts, key=lambda e: e["time"]))
         lines.append(f"card {dev}: {len(starts)} configuration(s): {runs}")
     problems = ledger_problems(events)

@@ -58,6 +58,8 @@ CPU_CASES: tuple[Case, ...] = (
     Case("perturb-logit:position=5", "spyre-eager-cb", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
     Case("forget-free", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
     Case("forget-free", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
+    Case("forget-free-once", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
+    Case("forget-free-each", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
     Case("leak-warmup-block", "spyre-eager-cb", FREEING, "after_warmup", "block leak"),
     Case("kv-blocks-short:by=1", "vllm-cpu", "suites/test_no_recompute.py",
          "neuron_geometry and 4", "recompute"),

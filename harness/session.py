@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from harness.engine.config import ConfigError, EngineConfig
 from harness.engine.driver import DriverSettings, EngineDriver
 from harness.engine.geometry import pool_overrides
 from harness.engine.host import EngineRefused
+from harness.engine.hygiene import EngineHygiene, judge_snapshots, judge_trace
 from harness.engine.pool import EnginePool, PoolSettings
 from harness.lab.leases import LeaseManager
 from harness.listeners import Listeners, SessionListener
@@ -55,6 +56,7 @@ class SessionOptions:
     kv_probe: bool = True
     stack: str = "default"
     plan_only: bool = False  # record each test's engine configuration, start nothing
+    engine_replace: bool = True  # replace an engine an earlier test left dirty (else: inherited)
 
 
 class HilSession:
@@ -82,6 +84,9 @@ class HilSession:
             DriverSettings(call_timeout=opts.call_timeout, top_k=opts.near_tie.top_k,
                            kv_probe=opts.kv_probe),
             self.timers, self.listeners, self._device_failed, before_call=self._before_call)
+        self.hygiene = EngineHygiene(self._pool, self.engines.probe_idle,
+                                     lambda: self.current_test, replace=opts.engine_replace)
+        self.engines.hygiene = self.hygiene
 
     # -- test lifecycle and listeners --------------------------------------------
     def begin_test(self, nodeid: str) -> None:
@@ -239,11 +244,16 @@ class HilSession:
     def check_ledger(self, trace: Trace) -> Verdict:
         """Every KV ledger invariant at every step of a step-driven ``trace``."""
         with self.timers.timed("checks"):
-            return check_ledger(trace)
+            verdict = check_ledger(trace)
+        inherited = self.hygiene.inherited(self.current_test, trace.target)
+        return verdict if inherited is None else judge_trace(trace, inherited, verdict)
 
     def check_idle_ledgers(self, cfg: EngineConfig, when: str = "after warmup") -> Verdict:
         """Every block of the engine of ``cfg`` is free now (an idle point)."""
-        return check_idle_ledgers(self.kv_snapshot(cfg), when)
+        snapshots = self.kv_snapshot(cfg)
+        verdict = check_idle_ledgers(snapshots, when)
+        inherited = self.hygiene.inherited(self.current_test, cfg.label)
+        return verdict if inherited is None else judge_snapshots(snapshots, inherited, verdict)
 
     def expect(self, *verdicts: Verdict, trace: Trace | None = None) -> None:
         """Record each verdict for the report; raise ``VerdictFailed`` on the first that failed."""
@@ -281,6 +291,7 @@ class HilSession:
             reference_bad=list(self.ref_cache.bad),
             cards=self._pool.cards.to_list(),
             leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],
+            hygiene=asdict(self.hygiene.stats),
         )
 
     def write_stats(self, worker: str) -> Path:

@@ -47,6 +47,9 @@ class SessionStats:
     exposure: dict[str, Any] = field(default_factory=dict)  # harness.checks.exposure tally
     leases: list[str] = field(default_factory=list)
     cards: list[dict[str, Any]] = field(default_factory=list)  # per-card engine ledger
+    # Engines handed between tests: restarts of dirty ones, probes, what was found
+    # (harness.engine.hygiene.HygieneStats).
+    hygiene: dict[str, Any] = field(default_factory=dict)
 
     @property
     def engines_started(self) -> int:

@@ -19,6 +19,8 @@ FULL_BATCH = "full_batch"
 NO_PREEMPTION = "no_preemption"
 PREEMPTION_SEEN = "preemption_seen"
 CAPACITY = "capacity"
+# A test ran on an engine an earlier test left dirty and that could not be replaced.
+INHERITED_STATE = "inherited_state"
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from harness.engine.host import (
     EngineStartError,
     EngineTimeout,
 )
+from harness.engine.hygiene import EngineHygiene
 from harness.engine.pool import EnginePool
 from harness.listeners import SessionListener
 from harness.scenario import Scenario
@@ -56,6 +57,8 @@ class EngineDriver:
         self.listener = listener
         self.on_device_failed = on_device_failed
         self.before_call = before_call  # e.g. records the test's configuration (test order)
+        # Checks an engine handed from one test to the next (harness.engine.hygiene).
+        self.hygiene: EngineHygiene | None = None
 
     @staticmethod
     def check_scenario(cfg: EngineConfig, scenario: Scenario) -> None:
@@ -73,6 +76,8 @@ class EngineDriver:
             self.before_call(cfg)
         try:
             with self.timers.timed("engine_start"):
+                if self.hygiene is not None:
+                    return self.hygiene.engine_for(cfg)
                 return self.pool.get(cfg)
         except EngineStartError as e:
             self.on_device_failed(cfg, e)
@@ -82,6 +87,8 @@ class EngineDriver:
         """One command on the engine of ``cfg``; a dead or hung engine is dropped, and the
         device it ran on is reported broken so later tests skip with this error."""
         host = self._start(cfg)
+        if self.hygiene is not None:
+            self.hygiene.calling(cfg)
         offset = host.log_path.stat().st_size if host.log_path.exists() else 0
         self.listener.on_engine(cfg, host.log_path, offset)
         try:
@@ -113,6 +120,8 @@ class EngineDriver:
         trace.target = cfg.label
         timing = "generate_seconds" if op == "generate" else "run_seconds"
         trace.info = {**host.info, timing: round(time.monotonic() - t0, 3)}
+        if self.hygiene is not None:
+            self.hygiene.after_trace(cfg, trace)
         self.listener.on_trace(cfg, scenario, trace)
         return trace
 
@@ -129,8 +138,16 @@ class EngineDriver:
     def kv_snapshot(self, cfg: EngineConfig) -> list[KvSnapshot]:
         """The engine's KV ledgers right now (after start-up: an idle point)."""
         snapshots = [snapshot_from_dict(d) for d in self._call(cfg, "kv_snapshot", None)[1]]
+        if self.hygiene is not None:
+            self.hygiene.after_snapshots(cfg, snapshots)
         self.listener.on_kv_snapshot(cfg, snapshots)
         return snapshots
+
+    def probe_idle(self, host: EngineHost) -> list[KvSnapshot]:
+        """The KV ledgers of ``host`` read directly (the hygiene check: no test call)."""
+        with self.timers.timed("engine_hygiene"):
+            answer = host.call("kv_snapshot", None, timeout=self.settings.call_timeout)
+        return [snapshot_from_dict(d) for d in answer]
 
     def kv_pool(self, cfg: EngineConfig) -> KvPool:
         """The KV pool the engine of ``cfg`` decided on at start (starting it if needed)."""

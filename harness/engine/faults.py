@@ -77,6 +77,77 @@ def forget_free(config: dict[str, Any], after: str = "0") -> None:
     BlockPool.free_blocks = free_blocks  # type: ignore[method-assign]
 
 
+# The pool that holds a request's real blocks: on vllm-spyre the runner's own (tagged when
+# the runner makes it; the scheduler's pool there is a stand-in), elsewhere vLLM's only pool.
+_LEDGER_POOL_TAG = "_hil_ledger_pool"
+FAULT_STATE_ENV = "HIL_FAULT_STATE_DIR"  # set by the engine pool: one folder per pytest process
+
+
+def _tag_runner_pool(config: dict[str, Any]) -> bool:
+    """On vllm-spyre 1.x, tag the pool the model runner makes; False where there is none."""
+    if config.get("target") != "spyre":
+        return False
+    cls = getattr(_spyre_runner_module(), "ContinuousBatchingSpyreModelRunner", None)
+    if cls is None or not hasattr(cls, "_make_block_pool"):
+        return False  # legacy runners keep a plain free list: the scheduler's pool is it
+    original = cls._make_block_pool
+
+    def _make_block_pool(self: Any, *a: Any, **kw: Any) -> Any:
+        pool = original(self, *a, **kw)
+        setattr(pool, _LEDGER_POOL_TAG, True)
+        return pool
+
+    cls._make_block_pool = _make_block_pool  # type: ignore[method-assign]
+    return True
+
+
+def _drop_a_block_on_free(config: dict[str, Any], name: str, drop_now: Callable[[], bool]) -> None:
+    """Patch vLLM's ``BlockPool.free_blocks`` on the ledger pool: when ``drop_now()`` says so,
+    the last block of the request being freed is neither freed nor owned any more."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    runner_only = _tag_runner_pool(config)
+    original = BlockPool.free_blocks
+
+    def free_blocks(self: Any, ordered_blocks: Any) -> None:
+        blocks = list(ordered_blocks)
+        ledger = getattr(self, _LEDGER_POOL_TAG, False) or not runner_only
+        if armed() and ledger and blocks and drop_now():
+            print(f"[hil] fault {name} fired: block {blocks[-1].block_id} not freed", flush=True)
+            blocks = blocks[:-1]
+        return original(self, blocks)
+
+    BlockPool.free_blocks = free_blocks  # type: ignore[method-assign]
+
+
+def forget_free_once(config: dict[str, Any]) -> None:
+    """Once per pytest process (not per engine): the first request whose blocks go back to the
+    ledger pool keeps one. A replacement engine started later in the run does not leak, so only
+    the test whose scenario ran first on the faulty configuration leaks."""
+    import os
+    from pathlib import Path
+
+    folder = os.environ.get(FAULT_STATE_ENV)
+    marker = Path(folder) / "forget-free-once.fired" if folder else None
+    fired = {"done": marker is not None and marker.exists()}
+
+    def drop_now() -> bool:
+        if fired["done"]:
+            return False
+        fired["done"] = True
+        if marker is not None:
+            marker.touch()
+        return True
+
+    _drop_a_block_on_free(config, "forget_free_once", drop_now)
+
+
+def forget_free_each(config: dict[str, Any]) -> None:
+    """Every request whose blocks go back to the ledger pool keeps one (a free that always
+    forgets its last block): every test that frees blocks leaks in its own scenario."""
+    _drop_a_block_on_free(config, "forget_free_each", lambda: True)
+
+
 def leak_warmup_block(config: dict[str, Any]) -> None:
     """vllm-spyre: a warmup request's reservation is never released, so the runner keeps
     counting blocks for a request that no longer exists after warmup."""
@@ -196,6 +267,8 @@ FAULTS: dict[str, FaultFn] = {
     "hang-engine": hang_engine,
     "perturb-logit": perturb_logit,
     "forget-free": forget_free,
+    "forget-free-once": forget_free_once,
+    "forget-free-each": forget_free_each,
     "leak-warmup-block": leak_warmup_block,
     "kv-blocks-short": kv_blocks_short,
     "open-other-card": open_other_card,

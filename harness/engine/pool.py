@@ -8,6 +8,8 @@ it fail at once with the original error instead of starting it again.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 from harness import card, host_stack
 from harness.checks.capacity import CapacityError, check_capacity, preflight_config
 from harness.engine.config import EngineConfig
+from harness.engine.faults import FAULT_STATE_ENV
 from harness.engine.host import EngineError, EngineHost, EngineStartError
 from harness.targets import target_for
 
@@ -66,6 +69,7 @@ class EnginePool:
         self._failed: dict[str, EngineError] = {}
         self.started: list[EngineStart] = []
         self.cards = card.CardLedger()  # starts and stops per card (one engine per card)
+        self._fault_state: str | None = None  # what faults keep across this process's engines
 
     def get(self, cfg: EngineConfig) -> EngineHost:
         key = cfg.key
@@ -93,6 +97,7 @@ class EnginePool:
             env = target.engine_env()
             env.update(stack_env)
             env.update(dict(cfg.extra_env))
+            env[FAULT_STATE_ENV] = self.fault_state_dir()
             llm_kwargs = {**target.llm_kwargs(), **stack_kwargs}
             host = EngineHost(
                 cfg,
@@ -134,6 +139,22 @@ class EnginePool:
         """Whether an engine of ``cfg`` was started by this pool (now live or not)."""
         return any(s.key == cfg.key for s in self.started)
 
+    def fault_state_dir(self) -> str:
+        """A folder faults may keep state in across this process's engines (e.g. to fire once
+        per run, not once per engine); removed when the pool closes."""
+        if self._fault_state is None:
+            self._fault_state = tempfile.mkdtemp(prefix="hil-fault-state-")
+        return self._fault_state
+
+    def replace(self, cfg: EngineConfig) -> EngineHost:
+        """Stop the live engine of ``cfg`` and start a fresh one (a dirty engine's replacement;
+        on a card it is recorded as such, not as a second start of the configuration)."""
+        self.discard(cfg.key)
+        host = self.get(cfg)
+        if card.is_card_config(cfg):
+            self.cards.mark_replacement(cfg.key)
+        return host
+
     def release(self, cfg: EngineConfig) -> None:
         """Stop the engine of ``cfg`` unless engines are reused across tests."""
         if not self.settings.engine_reuse:
@@ -151,3 +172,6 @@ class EnginePool:
     def close(self) -> None:
         for key in list(self._live):
             self.discard(key)
+        if self._fault_state is not None:
+            shutil.rmtree(self._fault_state, ignore_errors=True)
+            self._fault_state = None

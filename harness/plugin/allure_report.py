@@ -218,6 +218,22 @@ def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseE
         _attach_text(text, "engine log" + (f" {i + 1}" if i else ""), AttachmentType.TEXT)
 
 
+def _label_root_cause(item: pytest.Item) -> None:
+    """A test that found its engine dirty names the test that left it so (the summary groups
+    failures by it) and carries what was found and done."""
+    hil = getattr(item, "funcargs", {}).get("hil")
+    if hil is None:
+        return
+    from harness.report.root_cause import labels_for
+
+    events = hil.hygiene.affecting(item.nodeid)
+    for name, value in labels_for(events):
+        allure.dynamic.label(name, value)
+    if events:
+        _attach_text("\n".join(e.describe() for e in events), "engine hygiene",
+                     AttachmentType.TEXT)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
     hil = getattr(item, "funcargs", {}).get("hil") if _active(item.config) else None
@@ -247,6 +263,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             failed = call.excinfo.value if call.excinfo is not None else None
             if isinstance(failed, VerdictFailed):
                 allure.dynamic.label("check", failed.verdict.check)
+            _label_root_cause(item)
             evidence = item.stash.get(EVIDENCE_KEY, None)
             allure.dynamic.parameter("device", _device_of(item, evidence), excluded=True)
             if evidence is None or evidence.empty:

@@ -48,6 +48,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         kv_probe=not opt("--no-kv-probe"),
         stack=opt("--stack"),
         plan_only=opt("--hil-plan"),
+        engine_replace=not opt("--no-engine-replace"),
     )
     inv_path = opt("--inventory")
     root = device_root()

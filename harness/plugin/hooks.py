@@ -23,6 +23,7 @@ from harness.lab.shard import parse_shard, shard_key
 from harness.lab.shard_plan import DurationsError, durations_for, group_items, plan_shards
 from harness.model_check import ModelFolderError, check_model_folder
 from harness.plugin.invocation import writes_nothing
+from harness.report.root_cause import hygiene_lines
 from harness.targets import all_modes, engine_kinds, kind_markers
 from harness.variants import VARIANTS, select_variants
 
@@ -88,6 +89,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 " distributions (default 0.05)")
     g.addoption("--no-engine-reuse", action="store_true",
                 help="start a fresh engine for every test (baseline for benchmarks)")
+    g.addoption("--no-engine-replace", action="store_true",
+                default=os.environ.get("HIL_NO_ENGINE_REPLACE", "") not in ("", "0"),
+                help="keep an engine an earlier test left dirty (e.g. a card that cannot be"
+                " restarted within the run): later tests report it as inherited_state instead"
+                " of running on a fresh engine (env HIL_NO_ENGINE_REPLACE)")
     g.addoption("--no-kv-probe", action="store_true",
                 help="skip the per-step KV snapshots (benchmarks; KV invariant checks then fail)")
     g.addoption("--no-reference-cache", action="store_true",
@@ -324,6 +330,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     exposure: list[dict] = []
     bad: list[str] = []
     cards: list[dict] = []
+    hygiene: list[dict] = []
     for f in files:
         s = json.loads(f.read_text())
         engines += s["engines"]
@@ -334,6 +341,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         exposure.append(s.get("exposure", {}))
         bad += s.get("reference_bad", [])
         cards += s.get("cards", [])
+        hygiene.append(s.get("hygiene", {}))
     tr = terminalreporter
     tr.section("vllm-hil")
     tr.write_line(f"stack: {config.getoption('--stack')}")
@@ -343,6 +351,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     tr.write_line(f"engines started: {len(engines)} ({starts})")
     for line in summary_lines(cards):
         tr.write_line(line)
+    for line in hygiene_lines(hygiene):
+        tr.write_line(line, yellow=line.startswith("  "))
     tr.write_line(f"reference cache: {hits} hits, {misses} computed")
     if bad:
         tr.write_line(f"reference cache: {len(bad)} bad entr{'y' if len(bad) == 1 else 'ies'}"

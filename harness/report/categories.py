@@ -113,6 +113,12 @@ CATEGORIES: tuple[Category, ...] = (
         families=(checks.NO_PREEMPTION, checks.FULL_BATCH, checks.PREEMPTION_SEEN),
     ),
     Category(
+        "inherited state",
+        "the test ran on an engine an earlier test left dirty that could not be replaced; its"
+        " own run broke nothing (the message names the test that left it)",
+        checks=(checks.INHERITED_STATE,),
+    ),
+    Category(
         "block leak",
         "a KV-ledger invariant broke: blocks leaked, double-owned or not returned",
         families=(checks.KV_LEDGER, checks.DUMMY_PADDING),

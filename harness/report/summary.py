@@ -137,9 +137,26 @@ def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = N
     s = summarize(folder.tests, folder.problems)
     s.exposure = exposure_from_stats(Path(results_dir).parent / "stats")
     text = summary_markdown(s)
+    from harness.report.root_cause import root_cause_markdown
+
+    section = root_cause_markdown(folder.tests, stats_values(Path(results_dir).parent / "stats",
+                                                            "hygiene"))
+    if section:
+        text = text.rstrip("\n") + "\n\n" + section
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text
+
+
+def stats_values(stats_dir: Path, key: str) -> list[Any]:
+    """The value of ``key`` in each pytest worker's stats file (none if there are none)."""
+    values = []
+    for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
+        try:
+            values.append(json.loads(f.read_text()).get(key) or {})
+        except (OSError, ValueError, AttributeError):
+            continue
+    return values
 
 
 def exposure_from_stats(stats_dir: Path) -> list[str]:
