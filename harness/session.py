@@ -84,7 +84,7 @@ class HilSession:
             DriverSettings(call_timeout=opts.call_timeout, top_k=opts.near_tie.top_k,
                            kv_probe=opts.kv_probe),
             self.timers, self.listeners, self._device_failed, before_call=self._before_call)
-        self.hygiene = EngineHygiene(self._pool, self.engines.probe_idle,
+        self.hygiene = EngineHygiene(self.engines.probe_idle,
                                      lambda: self.current_test, replace=opts.engine_replace)
         self.engines.hygiene = self.hygiene
 

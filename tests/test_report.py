@@ -357,8 +357,9 @@ def test_write_run_config_writes_the_three_files(tmp_path):
     assert sorted(p.name for p in written) == [
         "categories.json", "environment.properties", "executor.json"]
     cats = json.loads((tmp_path / "categories.json").read_text())
-    assert [c["name"] for c in cats][:6] == [
-        "device missing", "timeout", "capacity", "recompute", "block leak", "token mismatch"]
+    assert [c["name"] for c in cats][:7] == [
+        "device missing", "timeout", "capacity", "recompute", "inherited state", "block leak",
+        "token mismatch"]
     assert not (write_run_config(tmp_path / "x", env={}, root=tmp_path)[-1].name == "executor.json")
 
 

@@ -77,7 +77,7 @@ class EngineDriver:
         try:
             with self.timers.timed("engine_start"):
                 if self.hygiene is not None:
-                    return self.hygiene.engine_for(cfg)
+                    return self.hygiene.engine_for(cfg, self.pool)
                 return self.pool.get(cfg)
         except EngineStartError as e:
             self.on_device_failed(cfg, e)

@@ -120,12 +120,10 @@ class EngineHygiene:
 
     def __init__(
         self,
-        pool: EnginePool,
         probe: Callable[[EngineHost], list[KvSnapshot]],
         current_test: Callable[[], str],
         replace: bool = True,
     ) -> None:
-        self.pool = pool
         self.probe = probe
         self.current_test = current_test
         self.replace = replace
@@ -135,9 +133,10 @@ class EngineHygiene:
         self.stats = HygieneStats()
 
     # -- before a call --------------------------------------------------------
-    def engine_for(self, cfg: EngineConfig) -> EngineHost:
-        """The live engine of ``cfg`` for the running test, clean or replaced (or flagged)."""
-        host = self.pool.get(cfg)
+    def engine_for(self, cfg: EngineConfig, pool: EnginePool) -> EngineHost:
+        """The live engine of ``cfg`` from ``pool`` for the running test, clean or replaced
+        (or flagged as inherited)."""
+        host = pool.get(cfg)
         test = self.current_test()
         st = self._states.get(cfg.key)
         if st is None or st.host is not host:  # a fresh engine: its state is its own
@@ -156,7 +155,7 @@ class EngineHygiene:
             st.test, st.problems, st.culprit = test, problems, left_by
             return self._record(Dirty(cfg.label, cfg.key, left_by, new, test, False,
                                       NO_REPLACE_REASON), host)
-        fresh = self.pool.replace(cfg)
+        fresh = pool.replace(cfg)
         self.stats.restarts += 1
         start = self._probe(fresh)
         self._start_problems[cfg.key] = start
