@@ -41,20 +41,21 @@ def clean() -> KvSnapshot:
                       ref_counts={})
 
 
-def leaked(*lost: int) -> KvSnapshot:
-    """Idle, but ``lost`` blocks are neither free nor owned (a free that forgot them)."""
+def leaked(*lost: int, miscount: int = 0) -> KvSnapshot:
+    """Idle, but ``lost`` blocks are neither free nor owned (a free that forgot them); the
+    runner reports ``miscount`` more free blocks than the ledger has."""
     free = [b for b in range(1, 6) if b not in lost]
     return KvSnapshot(source=SOURCE_SPYRE_RUNNER, num_blocks=6, pad_blocks=[0], free_blocks=free,
-                      reserved={}, reported_free=len(free), counted_free=len(free),
+                      reserved={}, reported_free=len(free) + miscount, counted_free=len(free),
                       ref_counts={b: 1 for b in lost})
 
 
-def running(owned: dict[str, list[int]], *lost: int) -> KvSnapshot:
+def running(owned: dict[str, list[int]], *lost: int, miscount: int = 0) -> KvSnapshot:
     taken = {b for ids in owned.values() for b in ids} | set(lost)
     free = [b for b in range(1, 6) if b not in taken]
     return KvSnapshot(source=SOURCE_SPYRE_RUNNER, num_blocks=6, pad_blocks=[0], free_blocks=free,
                       owned=owned, reserved={r: len(b) for r, b in owned.items()},
-                      reported_free=len(free), counted_free=len(free),
+                      reported_free=len(free) + miscount, counted_free=len(free),
                       ref_counts={b: 1 for b in taken})
 
 
@@ -230,6 +231,24 @@ def test_an_idle_check_on_an_inherited_engine_counts_only_what_is_new():
     v = judge_snapshots(worse, event, check_idle_ledgers(worse))
     assert v.check == "kv_ledger.idle_all_free" and "warmup-0 still owns blocks [4]" in v.why
     assert judge_snapshots([clean()], event, check_idle_ledgers([clean()])).ok
+
+
+def test_an_inherited_miscount_is_the_same_offset_whatever_the_counts():
+    """The runner's free count stays one off after the leak: 5 vs 4 idle, 4 vs 3 running."""
+    w = World(replace=False)
+    w.run("t1", steps_trace(clean(), running({"r0": [1, 2]}), leaked(2, miscount=1)))
+    w.run("t2")
+    w.pool.live[Cfg().key].state = [leaked(2, miscount=1)]
+    w.run("t3")
+    event = w.hygiene.events[-1]
+    assert any("[reported_free]" in p for p in event.problems)
+    same = steps_trace(leaked(2, miscount=1), running({"r0": [1]}, 2, miscount=1),
+                       leaked(2, miscount=1))
+    assert judge_trace(same, event, check_ledger(same)).check == INHERITED_STATE
+    worse = steps_trace(leaked(2, miscount=1), running({"r0": [1]}, 2, miscount=2),
+                        leaked(2, miscount=1))
+    v = judge_trace(worse, event, check_ledger(worse))
+    assert v.check == "kv_ledger.reported_free" and v.at == 0, v.details
 
 
 def test_idle_problems_are_step_free_lines_equal_for_equal_states():

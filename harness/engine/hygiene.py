@@ -27,7 +27,8 @@ problems beyond it count as dirt (so such a configuration is not restarted again
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,29 @@ def problem_line(v: Violation) -> str:
     """One violation as a step-free line; equal lines mean the same state."""
     src = f" {v.source}" if v.source else ""
     return f"[{v.invariant}]{src}: {v.message}"
+
+
+# Invariants whose message is a count seen vs a count expected: a leaked block shifts both
+# counts as the pool fills and drains, so the same inherited fault is the same offset.
+_COUNT_INVARIANTS = ("reported_free", "free_counter")
+_LINE = re.compile(r"^\[(\w+)\]([^:]*): (.*)$")
+_NUMBER = re.compile(r"-?\d+")
+
+
+def problem_key(line: str) -> str:
+    """What makes two problem lines the same state: the line itself, except that a count
+    invariant is known by its offset (seen - expected), not by the counts."""
+    m = _LINE.match(line)
+    if m is None or m.group(1) not in _COUNT_INVARIANTS:
+        return line
+    numbers = [int(n) for n in _NUMBER.findall(m.group(3))[:2]]
+    if len(numbers) < 2:
+        return line
+    return f"[{m.group(1)}]{m.group(2)}: off by {numbers[0] - numbers[1]:+d}"
+
+
+def _keys(lines: Iterable[str]) -> set[str]:
+    return {problem_key(p) for p in lines}
 
 
 def idle_problems(snapshots: list[KvSnapshot]) -> tuple[str, ...]:
@@ -146,7 +170,8 @@ class EngineHygiene:
             return host
         self.stats.checks += 1
         problems = st.problems if st.problems is not None else self._probe(host)
-        new = tuple(p for p in problems if p not in self._start_problems.get(cfg.key, ()))
+        start = _keys(self._start_problems.get(cfg.key, ()))
+        new = tuple(p for p in problems if problem_key(p) not in start)
         left_by = st.culprit or st.test
         if not new:
             st.test, st.problems = test, problems
@@ -157,11 +182,11 @@ class EngineHygiene:
                                       NO_REPLACE_REASON), host)
         fresh = pool.replace(cfg)
         self.stats.restarts += 1
-        start = self._probe(fresh)
-        self._start_problems[cfg.key] = start
-        self._states[cfg.key] = _EngineState(fresh, test, problems=start)
+        fresh_start = self._probe(fresh)
+        self._start_problems[cfg.key] = fresh_start
+        self._states[cfg.key] = _EngineState(fresh, test, problems=fresh_start)
         note = ""
-        if new and set(new) <= set(start):
+        if _keys(new) <= _keys(fresh_start):
             note = ("a fresh engine of this configuration starts so too: the state is its"
                     " start-up's, not replaced again")
             left_by = ""
@@ -244,7 +269,8 @@ def judge_trace(trace: Trace, event: Dirty, verdict: Verdict) -> Verdict:
     if verdict.ok or not verdict.check.startswith(KV_LEDGER + ".") or verdict.check.endswith(
             ".unrecorded"):
         return verdict
-    own = [v for v in ledger_violations(trace) if problem_line(v) not in event.problems]
+    inherited = _keys(event.problems)
+    own = [v for v in ledger_violations(trace) if problem_key(problem_line(v)) not in inherited]
     if not own:
         return inherited_verdict(event)
     first = own[0]
@@ -263,7 +289,8 @@ def judge_snapshots(snapshots: list[KvSnapshot], event: Dirty, verdict: Verdict)
     if verdict.ok or not verdict.check.startswith(KV_LEDGER + ".") or verdict.check.endswith(
             ".unrecorded"):
         return verdict
-    own = [p for p in idle_problems(snapshots) if p not in event.problems]
+    inherited = _keys(event.problems)
+    own = [p for p in idle_problems(snapshots) if problem_key(p) not in inherited]
     if not own:
         return inherited_verdict(event)
     why = f"{verdict.why.split(':', 1)[0]}: {_listed(tuple(own))}"
