@@ -28,6 +28,8 @@ def labels_for(events: Iterable[Any]) -> list[tuple[str, str]]:
     for e in events:
         out.append((ROOT_CAUSE, e.left_by or f"{START_UP} of {e.config}"))
         out.append((HANDLING, "replaced" if e.replaced else "inherited"))
+        # Shown in the test's header in Allure, and a filter there.
+        out.append(("tag", "dirty engine replaced" if e.replaced else "inherited a dirty engine"))
         if e.problems:
             out.append((DIRT, f"{e.config}: {e.problems[0]}"))
     return out
