@@ -192,6 +192,10 @@ def test_without_replacement_the_next_tests_inherit_and_name_the_first_culprit()
         ("t1", "t2", False), ("t1", "t3", False)]
     assert w.hygiene.inherited("t3", "spyre-eager-cb") is w.hygiene.events[1]
     assert w.pool.starts == 1
+    # A test that adds a leak of its own to what it inherited is the next one's culprit.
+    w.run("t4", steps_trace(leaked(2), running({"r0": [1]}, 2), leaked(2, 3)))
+    w.run("t5", steps_trace(leaked(2, 3), leaked(2, 3)))
+    assert w.hygiene.events[-1].left_by == "t4"
 
 
 def inherited_event() -> Any:

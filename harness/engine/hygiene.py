@@ -128,6 +128,7 @@ class _EngineState:
     test: str  # the last test that used it
     problems: tuple[str, ...] | None = None  # what it was left with (None: unknown)
     culprit: str = ""  # the test that first left it dirty (kept while inherited)
+    inherited: frozenset[str] = frozenset()  # problem keys the last test was handed
     used: bool = False  # any call made on it yet
 
 
@@ -172,12 +173,14 @@ class EngineHygiene:
         problems = st.problems if st.problems is not None else self._probe(host)
         start = _keys(self._start_problems.get(cfg.key, ()))
         new = tuple(p for p in problems if problem_key(p) not in start)
-        left_by = st.culprit or st.test
+        # The first culprit, unless the last test added dirt of its own to what it inherited.
+        left_by = st.culprit if st.culprit and _keys(new) <= st.inherited else st.test
         if not new:
             st.test, st.problems = test, problems
             return host
         if not self.replace:
             st.test, st.problems, st.culprit = test, problems, left_by
+            st.inherited = frozenset(_keys(new))
             return self._record(Dirty(cfg.label, cfg.key, left_by, new, test, False,
                                       NO_REPLACE_REASON), host)
         fresh = pool.replace(cfg)
