@@ -18,7 +18,7 @@ from harness.card import CardLedger, ledger_problems
 from harness.checks.ledger import check_idle_ledgers, check_ledger
 from harness.checks.verdict import INHERITED_STATE
 from harness.engine import faults
-from harness.engine.host import EngineCrashed
+from harness.engine.host import EngineCrashed, EngineRequestError
 from harness.engine.hygiene import (
     EngineHygiene,
     idle_problems,
@@ -165,6 +165,19 @@ def test_an_engine_that_cannot_answer_the_check_is_replaced():
     host.broken = True
     assert w.run("t2") is not host
     assert "[probe] the engine did not answer" in w.hygiene.events[0].problems[0]
+
+
+def test_an_engine_without_a_readable_ledger_is_not_restarted_for_it():
+    w = World()
+    w.run("t1")
+
+    def refuse(host: Any) -> list[KvSnapshot]:
+        raise EngineRequestError("engine neuron raised AttributeError: no kv_cache_manager")
+
+    w.hygiene.probe = refuse
+    w.run("t2")
+    assert w.pool.starts == 1 and w.hygiene.events == []
+    assert "no kv_cache_manager" in w.hygiene.stats.unreadable[0]
 
 
 def test_a_configuration_that_starts_dirty_is_not_restarted_again_and_again():

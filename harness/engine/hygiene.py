@@ -137,6 +137,7 @@ class HygieneStats:
     restarts: int = 0  # dirty engines replaced
     probes: int = 0  # kv_snapshot calls made only to learn an engine's state
     checks: int = 0  # handovers of an engine from one test to another
+    unreadable: list[str] = field(default_factory=list)  # probes the engine refused
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -201,12 +202,17 @@ class EngineHygiene:
         return host
 
     def _probe(self, host: EngineHost) -> tuple[str, ...]:
-        from harness.engine.host import EngineError
+        from harness.engine.host import EngineError, EngineRequestError
 
         self.stats.probes += 1
         try:
             return idle_problems(self.probe(host))
-        except EngineError as e:  # an engine that cannot say its state is not clean
+        except EngineRequestError as e:
+            # Alive but without a ledger to read: nothing to judge by, and restarting an engine
+            # for that (a Neuron compile) would cost more than it could find.
+            self.stats.unreadable.append(str(e).splitlines()[0] if str(e) else repr(e))
+            return ()
+        except EngineError as e:  # dead or hung: it cannot say its state, it is not clean
             first = str(e).splitlines()[0] if str(e) else repr(e)
             return (f"[probe] the engine did not answer the idle check: {first}",)
 
