@@ -377,3 +377,31 @@ def test_forget_free_each_forgets_a_block_of_every_request(fake_block_pool):
     free_twice(pool_cls)
     assert freed == [[1], [3]]
     assert {"forget-free-once", "forget-free-each"} <= set(faults.FAULTS)
+
+
+def test_the_run_summary_file_has_the_root_cause_section_and_restart_count(tmp_path):
+    import json
+
+    from harness.report.summary import write_summary
+
+    results = tmp_path / "allure-results"
+    results.mkdir()
+    culprit = "suites/t.py::leaks"
+    tests = [
+        result(culprit, "failed", "VerdictFailed: [check kv_ledger.conservation] kv invariant"
+               " conservation broken at step 40"),
+        result("suites/t.py::next", "passed", "",
+               [("root_cause", culprit), ("engine_hygiene", "replaced"),
+                ("engine_dirt", "spyre-eager-cb: [conservation] spyre-runner: 1 of 20 blocks")]),
+    ]
+    for i, t in enumerate(tests):
+        t["uuid"] = f"u{i}"
+        (results / f"u{i}-result.json").write_text(json.dumps(t))
+    (tmp_path / "stats").mkdir()
+    (tmp_path / "stats" / "main.json").write_text(json.dumps(
+        {"hygiene": {"restarts": 1, "probes": 1, "checks": 3, "events": []}}))
+    text = write_summary(results, tmp_path / "summary.md")
+    assert "## Failures by root cause" in text
+    assert "Engine restarts (dirty engines replaced): 1" in text
+    assert f"- `{culprit}` (failed: " in text
+    assert "  - then `suites/t.py::next` ran on a fresh engine: passed" in text
