@@ -28,8 +28,12 @@ def two_faults(tmp_path, cpu_fault: str, cb_fault: str, select: str = "finish-ba
     return run_suite(tmp_path, "suites/test_block_freeing.py", "-k", select,
                      "--model", "tiny-llama", "--target", "vllm-cpu,spyre-eager-cb",
                      "--no-engine-reuse",
-                     "--inject-fault", f"{cpu_fault}:variant=vllm-cpu",
-                     "--inject-fault", f"{cb_fault}:variant=spyre-eager-cb")
+                     "--inject-fault", for_variant(cpu_fault, "vllm-cpu"),
+                     "--inject-fault", for_variant(cb_fault, "spyre-eager-cb"))
+
+
+def for_variant(fault: str, variant: str) -> str:
+    return f"{fault}{',' if ':' in fault else ':'}variant={variant}"
 
 
 def assert_first_broken(run, fragment: str, invariant: str, source: str, *phrases: str) -> str:
