@@ -52,14 +52,17 @@ def assert_first_broken(run, fragment: str, invariant: str, source: str, *phrase
     return message
 
 
-@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cb"])
-def test_free_that_forgets_a_block_breaks_the_ledger(tmp_path, target):
+def test_free_that_forgets_a_block_breaks_the_ledger(tmp_path):
+    """forget-free on both targets in one child pytest: conservation first, then at idle."""
     run = run_suite(tmp_path, "suites/test_block_freeing.py", "-k", "finish-back-to-idle",
-                    "--model", "tiny-llama", "--target", target, "--inject-fault", "forget-free")
+                    "--model", "tiny-llama", "--target", "vllm-cpu,spyre-eager-cb",
+                    "--inject-fault", "forget-free")
     messages = failing_messages(run)
-    assert len(messages) == 1
+    assert len(messages) == 2
     # On spyre-eager-cb vLLM's stand-in pool frees first, so the fault lands there.
-    assert_first_broken(run, BACK_TO_IDLE, "conservation", "vllm-scheduler", "idle_all_free")
+    for target in ("vllm-cpu", "spyre-eager-cb"):
+        assert_first_broken(run, f"{target}-{BACK_TO_IDLE}", "conservation", "vllm-scheduler",
+                            "idle_all_free")
 
 
 def test_pad_block_freed_and_runner_pool_forgetting_a_block(tmp_path):
