@@ -69,6 +69,18 @@ CPU_CASES: tuple[Case, ...] = (
          extra=("--engine-timeout", "15")),
     Case("keep-dummy-on-join", "spyre-eager-cb", FREEING, "dummy_padding", "block leak",
          stack=LEGACY_STACK),
+    # One fault per KV ledger invariant (tests/test_kv_faults.py, tests/test_legacy_stack.py).
+    Case("free-pad-block", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
+    Case("refree-block", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
+    Case("extra-ref", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
+    Case("keep-finished-blocks", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
+    Case("forget-free-in-runner", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
+    Case("reserve-short", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
+    Case("leak-reservation", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
+    Case("legacy-double-free", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak",
+         stack=LEGACY_STACK),
+    Case("misname-dummy", "spyre-eager-cb", FREEING, "dummy_padding", "block leak",
+         stack=LEGACY_STACK),
 )
 # Faults that need a card (their check is the on-card verification); tests/test_card_host.py
 # proves them on the emulated card host.

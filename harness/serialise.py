@@ -44,6 +44,7 @@ def snapshot_from_dict(d: Mapping[str, Any]) -> KvSnapshot:
         counted_free=_opt_int(d.get("counted_free")),
         ref_counts=None if ref_counts is None else {int(k): int(v) for k, v in ref_counts.items()},
         prefix_caching=bool(d.get("prefix_caching", False)),
+        serving=None if d.get("serving") is None else [str(r) for r in d["serving"]],
     )
 
 

@@ -91,6 +91,7 @@ class KvSnapshot:
     pool keeps beside its free list (vLLM's ``num_free_blocks``). ``ref_counts``
     holds the pool's reference count of every non-pad block that is owned or has a
     nonzero count (absent means 0); ``prefix_caching`` says whether blocks may be shared.
+    ``serving`` lists the requests the runner holds in its request table (vllm-spyre 1.x).
     """
 
     source: str
@@ -106,6 +107,9 @@ class KvSnapshot:
     counted_free: int | None = None
     ref_counts: dict[int, int] | None = None
     prefix_caching: bool = False
+    # Requests the runner is serving, from its own request table (not its reservations);
+    # None where unknown. A reservation of a request not served is a leaked one.
+    serving: list[str] | None = None
 
     def free_count(self) -> int:
         """Distinct usable (non-pad) blocks in the free list."""

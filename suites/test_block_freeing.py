@@ -7,7 +7,7 @@ warmup and again at idle, and the tokens must still equal the reference.
 
 import pytest
 
-from harness.checks.ledger import check_dummy_padding
+from harness.dummy_padding import dummy_padding_verdict
 from harness.engine.geometry import FULL_BATCH
 from harness.scenario import EngineLimits, shaped_scenario
 
@@ -48,16 +48,20 @@ def test_blocks_return_to_the_pool(hil, model, target_variant, name):
 
 
 def test_dummy_padding_blocks_are_taken_and_returned(hil, model, target_variant):
-    """Where the stack pads a lone decoding request with a dummy (vllm-spyre 0.3-0.4), the
-    dummy holds blocks while one request decodes alone and has none once a second joins
-    and once the batch empties."""
+    """Where the stack declares that it pads a lone decoding request with a dummy
+    (vllm-spyre 0.3-0.4; harness/dummy_padding.py), the dummy holds blocks while one
+    request decodes alone and has none once a second joins and once the batch empties;
+    a declared stack whose ledgers show no dummy fails, and so does a dummy on a stack
+    that declares none."""
     shapes = SCENARIOS["second-request-joins-while-first-decodes"]
     scenario = shaped_scenario("dummy-padding", model.tokenizer, shapes, LIMITS)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     trace = hil.run_steps(engine, scenario)
 
-    dummy = check_dummy_padding(trace)
-    if dummy.ok and dummy.why == "no dummy":
-        pytest.skip(f"{target_variant.id} on this stack pads no decode batch with a dummy request")
+    dummy = dummy_padding_verdict(trace, engine.stack, engine.variant_id)
+    if dummy is None:
+        hil.expect(hil.check_ledger(trace), trace=trace)
+        pytest.skip(f"{target_variant.id} on stack {engine.stack} pads no decode batch with a"
+                    " dummy request (declared in harness/dummy_padding.py, and none was seen)")
     hil.expect(hil.check_ledger(trace), dummy, trace=trace)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -27,6 +28,25 @@ class SuiteRun:
 
     def failed(self) -> list[str]:
         return [k for k, v in self.outcomes.items() if v in ("failed", "error")]
+
+    def check(self, name: str) -> str | None:
+        """The check whose verdict failed test ``name`` (the ``[check NAME]`` tag)."""
+        m = re.search(r"\[check ([\w.]+)\]", self.messages.get(name, "").split("\n")[0])
+        return m.group(1) if m else None
+
+    def category(self, name: str) -> str | None:
+        """The report category of test ``name``, filed as the report files it."""
+        from harness.report.categories import classify
+
+        status = {"failed": "failed", "error": "broken", "skipped": "skipped"}.get(
+            self.outcomes.get(name, ""), "passed")
+        first = self.messages.get(name, "").lstrip("\n").split("\n")[0]
+        return classify(status, first, check=self.check(name))
+
+    def named(self, fragment: str) -> str:
+        """The one test whose name contains ``fragment``."""
+        (name,) = [n for n in self.outcomes if fragment in n]
+        return name
 
 
 def run_suite(tmp_path: Path, *args: str, timeout: float = 1200) -> SuiteRun:

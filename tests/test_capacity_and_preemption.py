@@ -137,3 +137,22 @@ def test_dummy_blocks_must_be_back_when_a_second_request_joins():
     never = check_dummy_padding(trace([step(3, ["r0"], kv=[snap({"r0": [0]}, [1, 2])]),
                                        joined_ok]))
     assert never.ok and never.why == "no dummy"
+
+
+def test_a_stack_that_declares_dummy_padding_fails_without_a_dummy():
+    from harness.dummy_padding import dummy_padding_verdict, pads_decode_batch
+
+    alone = step(3, ["r0"], kv=[snap({"r0": [0], "dummy": [1]}, [2, 3, 4, 5, 6, 7], ["dummy"])])
+    joined = step(4, ["r0", "r1"], kv=[snap({"r0": [0], "r1": [2]}, [1, 3, 4, 5, 6, 7])])
+    # The adapter lists the dummy under an id it does not know as a dummy: no dummy is seen.
+    unseen = step(3, ["r0"], kv=[snap({"r0": [0], "padding": [1]}, [2, 3, 4, 5, 6, 7])])
+    legacy, default = "legacy-spyre-0.4", "default"
+    assert pads_decode_batch(legacy, "spyre-eager-cb") and not pads_decode_batch(default, "spyre-eager-cb")
+    assert dummy_padding_verdict(trace([alone, joined]), legacy, "spyre-eager-cb").ok
+    broken = dummy_padding_verdict(trace([unseen, joined]), legacy, "spyre-eager-cb")
+    assert not broken.ok and broken.check == "dummy_padding"
+    assert "declares that spyre-eager-cb pads" in broken.why and "no dummy held" in broken.why
+    # Nothing declared, nothing seen: nothing to check (the suite skips).
+    assert dummy_padding_verdict(trace([unseen, joined]), default, "spyre-eager-cb") is None
+    surprise = dummy_padding_verdict(trace([alone, joined]), default, "spyre-eager-cb")
+    assert not surprise.ok and "does not declare dummy padding" in surprise.why

@@ -60,17 +60,23 @@ def _one_failure(results: dict[str, tuple[str, str]], out: str) -> str:
     return failed[0]
 
 
-@pytest.mark.parametrize("selection, fault, message", [
-    ("token_equality and cb-pair", "perturb-logit:position=3", "not a near-tie"),
-    ("back-to-idle and cb", "forget-free", "kv invariant conservation broken at step"),
-    ("no_recompute and cb-64-2", "forget-free", "kv invariant conservation broken at step"),
-    ("capacity and refuses and cb", "crash-engine:when=start", "died with exit code"),
+@pytest.mark.parametrize("selection, fault, message, category", [
+    ("token_equality and cb-pair", "perturb-logit:position=3", "not a near-tie", "token mismatch"),
+    ("back-to-idle and cb", "forget-free", "kv invariant conservation broken at step", "block leak"),
+    ("no_recompute and cb-64-2", "forget-free", "kv invariant conservation broken at step",
+     "block leak"),
+    ("capacity and refuses and cb", "crash-engine:when=start", "died with exit code",
+     "engine crash / harness error"),
 ])
 def test_a_fault_fails_each_suite_on_the_emulated_card(tmp_path: Path, selection: str, fault: str,
-                                                       message: str) -> None:
+                                                       message: str, category: str) -> None:
+    from harness.report.categories import classify
+
     rc, out, results, _ = card_host(tmp_path / "run", "-k", selection, "--inject-fault", fault)
     assert rc == 1, out[-4000:]
-    assert message in _one_failure(results, out)
+    text = _one_failure(results, out)
+    assert message in text
+    assert classify("failed", text.split("\n")[0]) == category, text[:2000]
 
 
 def test_an_engine_on_another_card_fails_the_verification(tmp_path: Path) -> None:

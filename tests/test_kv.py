@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict, deque
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -677,3 +678,18 @@ def test_free_queue_of_vllm_0_9_has_a_real_head_and_ends_in_none():
     assert _walk_free_queue(NS(free_list_head=a, free_list_tail=c), 10) == [1, 3, 5]
     c.next_free_block = a  # a cycle is cut at the limit and shows up as a double free
     assert len(_walk_free_queue(NS(free_list_head=a, free_list_tail=c), 4)) == 5
+
+
+def test_reported_free_is_checked_against_the_request_table_not_the_reservations() -> None:
+    # The runner serves r0 only; warmup-0's reservation is left over. The runner's own
+    # count (blocks minus all reservations) then differs from the ledger's by that block.
+    served = healthy(serving=["r0"], owned={"r0": [1, 2, 3]}, dummy_ids=[],
+                     free_blocks=[4, 5, 6, 7, 8, 9], counted_free=6,
+                     ref_counts={1: 1, 2: 1, 3: 1}, reported_free=4)
+    v = only(check_reported_free(served), "reported_free")
+    assert "reported 4" in v.message and "ledger has 5" in v.message
+    assert "reservations of requests not served: warmup-0" in v.message
+    # Every reservation belongs to a served request: the counts agree.
+    assert check_reported_free(replace(served, reserved={"r0": 4}, reported_free=5)) == []
+    # Without the table every reservation counts (the older rule).
+    assert check_reported_free(replace(served, serving=None)) == []

@@ -1,4 +1,11 @@
-"""Faults injected into the real stacks make the KV suites fail with the right invariant."""
+"""Faults injected into the real stacks make the KV suites fail with the right invariant,
+filed under the report category the invariant belongs to.
+
+Each ledger invariant (harness/checks/ledger.py) has a fault that makes exactly it fire
+first on a running engine. To keep the cost down, one child pytest proves two faults at
+once: each is installed only in one target variant's engines (``variant=ID``), and
+``--no-engine-reuse`` gives each test an engine of its own.
+"""
 
 import pytest
 
@@ -6,21 +13,109 @@ from tests.suite_runner import run_suite
 
 pytestmark = pytest.mark.e2e  # each test runs a suite in a child pytest with engines
 
+BACK_TO_IDLE = "requests-finish-back-to-idle"
+LEAK = "block leak"
+
 
 def failing_messages(run):
     assert run.returncode == 1, run.output[-3000:]
     return [run.messages[name] for name in run.failed()]
 
 
-@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cb"])
-def test_free_that_forgets_a_block_breaks_the_ledger(tmp_path, target):
+def two_faults(tmp_path, cpu_fault: str, cb_fault: str, select: str = "finish-back-to-idle"):
+    """The back-to-idle scenario on vllm-cpu with ``cpu_fault`` and on spyre-eager-cb with
+    ``cb_fault``, in one child pytest."""
+    return run_suite(tmp_path, "suites/test_block_freeing.py", "-k", select,
+                     "--model", "tiny-llama", "--target", "vllm-cpu,spyre-eager-cb",
+                     "--no-engine-reuse",
+                     "--inject-fault", for_variant(cpu_fault, "vllm-cpu"),
+                     "--inject-fault", for_variant(cb_fault, "spyre-eager-cb"))
+
+
+def for_variant(fault: str, variant: str) -> str:
+    return f"{fault}{',' if ':' in fault else ':'}variant={variant}"
+
+
+def assert_first_broken(run, fragment: str, invariant: str, source: str, *phrases: str) -> str:
+    """Test ``fragment`` failed with ``kv_ledger.<invariant>`` first, in ``source``'s
+    ledger, filed as a block leak; returns its message."""
+    name = run.named(fragment)
+    message = run.messages.get(name, "")
+    assert run.outcomes[name] == "failed", (name, run.outcomes, run.output[-3000:])
+    assert run.check(name) == f"kv_ledger.{invariant}", message[:2000]
+    assert run.category(name) == LEAK, message[:2000]
+    assert f"kv invariant {invariant} broken at step" in message, message[:2000]
+    assert f"[{invariant}] {source}:" in message, message[:3000]  # the first listed violation
+    assert ">>" in message  # the per-step table marks the first broken step
+    for phrase in phrases:
+        assert phrase in message, message[:3000]
+    return message
+
+
+def test_free_that_forgets_a_block_breaks_the_ledger(tmp_path):
+    """forget-free on both targets in one child pytest: conservation first, then at idle."""
     run = run_suite(tmp_path, "suites/test_block_freeing.py", "-k", "finish-back-to-idle",
-                    "--model", "tiny-llama", "--target", target, "--inject-fault", "forget-free")
+                    "--model", "tiny-llama", "--target", "vllm-cpu,spyre-eager-cb",
+                    "--inject-fault", "forget-free")
     messages = failing_messages(run)
-    assert len(messages) == 1
-    assert "kv invariant conservation broken at step" in messages[0]
-    assert ">>" in messages[0]  # the per-step table marks the first broken step
-    assert "idle_all_free" in messages[0]
+    assert len(messages) == 2
+    # On spyre-eager-cb vLLM's stand-in pool frees first, so the fault lands there.
+    for target in ("vllm-cpu", "spyre-eager-cb"):
+        assert_first_broken(run, f"{target}-{BACK_TO_IDLE}", "conservation", "vllm-scheduler",
+                            "idle_all_free")
+
+
+def test_pad_block_freed_and_runner_pool_forgetting_a_block(tmp_path):
+    """vllm-cpu: pad block put in the free list -> pad_never_owned. spyre-eager-cb: the
+    runner's own pool drops a block at a free -> conservation in the runner's ledger."""
+    run = two_faults(tmp_path, "free-pad-block", "forget-free-in-runner")
+    assert len(run.failed()) == 2, run.outcomes
+    assert_first_broken(run, f"vllm-cpu-{BACK_TO_IDLE}", "pad_never_owned", "vllm-scheduler",
+                        "pad block 0 is in the free list")
+    assert_first_broken(run, f"spyre-eager-cb-{BACK_TO_IDLE}", "conservation", "spyre-runner",
+                        "are neither free, owned nor pad")
+
+
+def test_block_freed_twice_and_reservation_kept_after_finish(tmp_path):
+    """vllm-cpu: a block appended to the free list twice -> free_counter. spyre-eager-cb:
+    a finished request's reservation kept -> reported_free (before idle_all_free)."""
+    run = two_faults(tmp_path, "refree-block", "leak-reservation")
+    assert len(run.failed()) == 2, run.outcomes
+    assert_first_broken(run, f"vllm-cpu-{BACK_TO_IDLE}", "free_counter", "vllm-scheduler",
+                        "the pool counts")
+    message = assert_first_broken(run, f"spyre-eager-cb-{BACK_TO_IDLE}", "reported_free",
+                                  "spyre-runner", "reservations of requests not served")
+    assert "idle_all_free" in message  # and at idle the reservation is still there
+
+
+def test_extra_reference_and_reservation_short_of_the_owned_blocks(tmp_path):
+    """vllm-cpu: a block handed out with one reference too many -> ref_counts.
+    spyre-eager-cb: a reservation one block short of what the request owns ->
+    within_reservation."""
+    run = two_faults(tmp_path, "extra-ref", "reserve-short")
+    assert len(run.failed()) == 2, run.outcomes
+    assert_first_broken(run, f"vllm-cpu-{BACK_TO_IDLE}", "ref_counts", "vllm-scheduler",
+                        "has ref count 2 but is held by")
+    assert_first_broken(run, f"spyre-eager-cb-{BACK_TO_IDLE}", "within_reservation",
+                        "spyre-runner", "but reserved")
+
+
+def test_blocks_kept_after_finish_and_a_crash_mid_run(tmp_path):
+    """vllm-cpu: a finished request's blocks never freed -> only idle_all_free, at idle.
+    spyre-eager-cb: the engine process dies at its first step (crash-engine:when=step) ->
+    each of its tests fails as an engine crash, and every collected test has a result."""
+    run = two_faults(tmp_path, "keep-finished-blocks", "crash-engine:when=step",
+                     select="finish-back-to-idle or single-request")
+    assert len(run.outcomes) == 4 and len(run.failed()) == 4, run.outcomes
+    for scenario in (BACK_TO_IDLE, "single-request-decodes-alone"):
+        name = run.named(f"vllm-cpu-{scenario}")
+        message = assert_first_broken(run, name, "idle_all_free", "vllm-scheduler",
+                                      "at idle, request r", "still owns blocks")
+        assert "invariants broken: idle_all_free\n" in message, message[:3000]
+        crashed = run.named(f"spyre-eager-cb-{scenario}")
+        assert run.check(crashed) is None
+        assert run.category(crashed) == "engine crash / harness error", run.messages[crashed]
+        assert "died with exit code 3" in run.messages[crashed], run.messages[crashed][:2000]
 
 
 def test_leaked_warmup_reservation_is_caught_after_warmup(tmp_path):
@@ -29,6 +124,8 @@ def test_leaked_warmup_reservation_is_caught_after_warmup(tmp_path):
                     "--inject-fault", "leak-warmup-block")
     messages = failing_messages(run)
     assert len(messages) == 1
+    name = run.failed()[0]
+    assert run.check(name) == "kv_ledger.idle_all_free" and run.category(name) == LEAK
     assert "after warmup: [" in messages[0] and "warmup-0" in messages[0]
 
 
@@ -38,4 +135,6 @@ def test_kv_cache_one_block_short_at_full_batch_fails_the_precondition(tmp_path)
                     "--inject-fault", "kv-blocks-short:by=1")
     messages = failing_messages(run)
     assert len(messages) == 1
+    name = run.failed()[0]
+    assert run.check(name) == "full_batch" and run.category(name) == "recompute"
     assert "full batch never reached: max_num_seqs=4 but the largest batch seen was 3" in messages[0]

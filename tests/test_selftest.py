@@ -103,3 +103,17 @@ def test_outcomes_are_a_readable_allure_suite_of_their_own_per_host(tmp_path):
     assert len({t["historyId"] for t in folder.tests}) == 4  # two hosts never collide
     failed = next(t for t in folder.tests if t["status"] == "failed")
     assert "expected a 'block leak' failure" in failed["statusDetails"]["message"]
+
+
+def test_a_fault_given_a_variant_is_installed_only_in_that_variants_engines(monkeypatch, capsys):
+    from harness.engine import faults
+
+    calls = []
+    monkeypatch.setitem(faults.FAULTS, "probe-fault", lambda config, **kw: calls.append(kw))
+    monkeypatch.delenv("HIL_FAULTS", raising=False)
+    cb = {"target": "spyre", "backend": "eager", "mode": "cb"}
+    faults.apply_faults(["probe-fault:when=step,variant=vllm-cpu"], cb)
+    assert calls == [] and "not installed (for vllm-cpu)" in capsys.readouterr().out
+    faults.apply_faults(["probe-fault:when=step,variant=spyre-eager-cb"], cb)
+    faults.apply_faults(["probe-fault:variant=vllm-cpu"], {"target": "vllm-cpu"})
+    assert calls == [{"when": "step"}, {}]

@@ -29,6 +29,8 @@ def test_perturbed_logit_fails_token_equality(tmp_path, target):
     failed = run.failed()
     assert len(failed) == 1, run.outcomes
     message = run.messages[failed[0]]
+    assert run.check(failed[0]) == "token_equality", message[:2000]
+    assert run.category(failed[0]) == "token mismatch", message[:2000]
     assert "token mismatch:" in message
     assert re.search(r"at position 5\b", message), message
     assert "not a near-tie" in message

@@ -216,17 +216,31 @@ def check_within_reservation(s: KvSnapshot) -> list[Violation]:
     return out
 
 def expected_reported_free(s: KvSnapshot) -> int:
-    """Usable free blocks minus blocks reserved but not yet allocated."""
+    """Usable free blocks minus blocks still promised to requests the runner serves.
+
+    A promise is a reservation minus the blocks its request already owns; it counts only
+    for a request in the runner's request table (``serving``, read apart from the
+    reservations), so a reservation left behind by a finished request is not a promise.
+    Where the table is unknown, every reservation counts.
+    """
+    serving = None if s.serving is None else set(s.serving)
     outstanding = sum(
-        max(0, n - len(s.owned.get(req_id, []))) for req_id, n in (s.reserved or {}).items()
+        max(0, n - len(s.owned.get(req_id, [])))
+        for req_id, n in (s.reserved or {}).items()
+        if serving is None or req_id in serving
     )
     return s.free_count() - outstanding
+
 
 def check_reported_free(s: KvSnapshot) -> list[Violation]:
     """Where a reported free count is known, it equals the ledger's.
 
-    The ledger's count is the distinct non-pad blocks in the free list minus the
-    blocks still promised to requests (reserved minus already owned).
+    The ledger's count is the distinct non-pad blocks in the free list minus the blocks
+    still promised to the requests the runner serves (``expected_reported_free``). The
+    two sources are independent: the free list and the request table against the count
+    the runner reports (vllm-spyre 1.x CB: its block count minus its reservations), so a
+    reservation kept for a request the runner no longer serves breaks this invariant
+    alone, at the step the runner drops the request.
     """
     if s.reported_free is None:
         return []
@@ -235,13 +249,18 @@ def check_reported_free(s: KvSnapshot) -> list[Violation]:
         return []
     free = s.free_count()
     detail = f"{free} free" if expected == free else f"{free} free - {free - expected} promised"
+    unserved = sorted(r for r, n in (s.reserved or {}).items()
+                      if n and s.serving is not None and r not in s.serving)
+    leaked = f"; reservations of requests not served: {', '.join(unserved)}" if unserved else ""
     return [
         _v(
             "reported_free",
             s,
-            f"reported {_count(s.reported_free, 'free block')} but the ledger has {expected} ({detail})",
+            f"reported {_count(s.reported_free, 'free block')} but the ledger has {expected}"
+            f" ({detail}){leaked}",
         )
     ]
+
 
 def check_idle_all_free(s: KvSnapshot) -> list[Violation]:
     """At idle every non-pad block is free and no request, dummy or not, owns or reserves any."""
@@ -341,7 +360,8 @@ def _violation_lines(violations: list[Violation]) -> list[str]:
         "invariants broken: " + ", ".join(sorted({v.invariant for v in violations})),
         f"{len(violations)} violation(s):",
     ]
-    lines += [f"  step {v.step}: [{v.invariant}] {v.message}" for v in violations[:MAX_LISTED]]
+    lines += [f"  step {v.step}: [{v.invariant}]{'' if v.source is None else ' ' + v.source + ':'}"
+              f" {v.message}" for v in violations[:MAX_LISTED]]
     if len(violations) > MAX_LISTED:
         lines.append(f"  ... {len(violations) - MAX_LISTED} more")
     return lines

@@ -1,7 +1,8 @@
 """Faults injected into the real stack, to prove that each check can fail.
 
 A fault is named in ``EngineConfig.faults`` (or with ``--inject-fault``) as
-``NAME`` or ``NAME:key=value,key=value``; NAME is a key of ``FAULTS``, or a
+``NAME`` or ``NAME:key=value,key=value`` (``variant=ID`` installs it only in that target
+variant's engines); NAME is a key of ``FAULTS``, or a
 ``package.module.function`` path when ``--allow-external-faults`` is given. It runs inside the engine process before
 vLLM builds the engine, so it can patch vLLM or a plugin at class level.
 Faults print a ``[hil] fault`` line to the engine log when they fire.
@@ -261,6 +262,205 @@ def open_other_card(config: dict[str, Any], address: str) -> None:
     print(f"[hil] fault open-other-card: AIU_WORLD_RANK_0={address}", flush=True)
 
 
+# -- ledger faults: each breaks exactly one KV ledger invariant first (harness/checks/ledger.py)
+
+
+def _after_first_armed_free(action: Callable[[Any, list[Any]], str | None]) -> None:
+    """Wrap vLLM's ``BlockPool.free_blocks``: after the first armed call that frees a block,
+    run ``action(pool, freed)`` once; it returns the line to print (None: not yet)."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    original = BlockPool.free_blocks
+    state = {"fired": False}
+
+    def free_blocks(self: Any, ordered_blocks: Any) -> None:
+        blocks = list(ordered_blocks)
+        out = original(self, blocks)
+        if armed() and not state["fired"] and blocks:
+            line = action(self, blocks)
+            if line:
+                state["fired"] = True
+                print(line, flush=True)
+        return out
+
+    BlockPool.free_blocks = free_blocks  # type: ignore[method-assign]
+
+
+def free_pad_block(config: dict[str, Any]) -> None:
+    """The first time blocks go back to vLLM's pool after start, its pad (null) block is put
+    in the free list too: breaks pad_never_owned and nothing else."""
+
+    def action(pool: Any, freed: list[Any]) -> str:
+        pool.free_block_queue.append(pool.null_block)
+        return f"[hil] fault free_pad_block fired: pad block {pool.null_block.block_id} in the free list"
+
+    _after_first_armed_free(action)
+
+
+def refree_block(config: dict[str, Any]) -> None:
+    """The first time blocks go back to vLLM's pool after start, the block last put in the
+    free list is appended once more: the linked list still holds it once, but the pool's
+    free counter counts it twice (breaks free_counter and nothing else)."""
+
+    def action(pool: Any, freed: list[Any]) -> str | None:
+        queue = pool.free_block_queue
+        last = queue.fake_free_list_tail.prev_free_block
+        if last is None or last is queue.fake_free_list_head:
+            return None
+        queue.append(last)
+        return f"[hil] fault refree_block fired: block {last.block_id} freed twice"
+
+    _after_first_armed_free(action)
+
+
+def extra_ref(config: dict[str, Any]) -> None:
+    """The first block vLLM's pool hands out after start gets one reference too many (a
+    holder counted twice): breaks ref_counts while it is held, before the block that
+    never reaches ref count 0 again leaks at its free."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    original = BlockPool.get_new_blocks
+    state = {"fired": False}
+
+    def get_new_blocks(self: Any, num_blocks: int) -> Any:
+        blocks = original(self, num_blocks)
+        if armed() and not state["fired"] and blocks:
+            state["fired"] = True
+            blocks[0].ref_cnt += 1
+            print(f"[hil] fault extra_ref fired: block {blocks[0].block_id} ref count"
+                  f" {blocks[0].ref_cnt}", flush=True)
+        return blocks
+
+    BlockPool.get_new_blocks = get_new_blocks  # type: ignore[method-assign]
+
+
+def keep_finished_blocks(config: dict[str, Any]) -> None:
+    """vLLM's scheduler does not free the blocks of the first request that finishes after
+    start: they stay owned by a request that no longer exists (every per-step invariant
+    holds; idle_all_free breaks at idle)."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    original = KVCacheManager.free
+    state = {"fired": False}
+
+    def free(self: Any, request: Any) -> None:
+        if armed() and not state["fired"]:
+            state["fired"] = True
+            print(f"[hil] fault keep_finished_blocks fired: {request.request_id} keeps its"
+                  " blocks", flush=True)
+            return None
+        return original(self, request)
+
+    KVCacheManager.free = free  # type: ignore[method-assign]
+
+
+def forget_free_in_runner(config: dict[str, Any]) -> None:
+    """vllm-spyre 1.x: the first time a request's blocks go back to the runner's own pool
+    after start, one block is dropped (neither free nor owned). vLLM's stand-in pool in
+    the scheduler is left alone, so conservation breaks in the runner's pool only."""
+    smr = _spyre_runner_module()
+    cls = smr.ContinuousBatchingSpyreModelRunner
+    original_make = cls._make_block_pool
+    state = {"fired": False}
+
+    def _make_block_pool(self: Any) -> Any:
+        pool = original_make(self)
+        original_free = pool.free_blocks
+
+        def free_blocks(ordered_blocks: Any) -> None:
+            blocks = list(ordered_blocks)
+            if armed() and not state["fired"] and blocks:
+                state["fired"] = True
+                print(f"[hil] fault forget_free_in_runner fired: block {blocks[-1].block_id}"
+                      " not freed", flush=True)
+                blocks = blocks[:-1]
+            return original_free(blocks)
+
+        pool.free_blocks = free_blocks
+        return pool
+
+    cls._make_block_pool = _make_block_pool  # type: ignore[method-assign]
+
+
+def reserve_short(config: dict[str, Any]) -> None:
+    """vllm-spyre 1.x: the first request prefilled after start gets a reservation one block
+    smaller than the blocks it already owns (breaks within_reservation first)."""
+    smr = _spyre_runner_module()
+    cls = smr.ContinuousBatchingSpyreModelRunner
+    original = cls._prepare_prompt
+    state = {"fired": False}
+
+    def _prepare_prompt(self: Any, new_request_data: Any, *a: Any, **kw: Any) -> Any:
+        out = original(self, new_request_data, *a, **kw)
+        if armed() and not state["fired"] and new_request_data:
+            req_id = new_request_data[0].req_id
+            owned = len(self._get_blocks(req_id))
+            if owned:
+                state["fired"] = True
+                self.req_ids2num_reserved_blocks[req_id] = owned - 1
+                print(f"[hil] fault reserve_short fired: {req_id} owns {owned} blocks,"
+                      f" reserves {owned - 1}", flush=True)
+        return out
+
+    cls._prepare_prompt = _prepare_prompt  # type: ignore[method-assign]
+
+
+def leak_reservation(config: dict[str, Any]) -> None:
+    """vllm-spyre 1.x: the runner keeps the reservation of the first request that finishes
+    after start: its blocks are freed, but the free count it reports to the scheduler
+    still subtracts them (breaks reported_free first, then idle_all_free)."""
+    smr = _spyre_runner_module()
+    cls = smr.ContinuousBatchingSpyreModelRunner
+    original = cls.update_states
+    state = {"fired": False}
+
+    def update_states(self: Any, scheduler_output: Any) -> Any:
+        finished = [r for r in scheduler_output.finished_req_ids
+                    if r in self.req_ids2num_reserved_blocks]
+        kept = {r: self.req_ids2num_reserved_blocks[r] for r in finished[:1]}
+        out = original(self, scheduler_output)
+        if armed() and not state["fired"] and kept:
+            state["fired"] = True
+            self.req_ids2num_reserved_blocks.update(kept)
+            print(f"[hil] fault leak_reservation fired: keeps {kept}", flush=True)
+        return out
+
+    cls.update_states = update_states  # type: ignore[method-assign]
+
+
+def legacy_double_free(config: dict[str, Any], req: str = "") -> None:
+    """vllm-spyre 0.3-0.4: when the first finished request (whose id starts with ``req``)
+    gives its blocks back, its last block goes into the runner's free deque twice (breaks
+    no_double_free and nothing else)."""
+    smr = _spyre_runner_module()
+    cls = smr.ContinuousBatchingSpyreModelRunner
+    original = cls._update_states
+    state = {"fired": False}
+
+    def _update_states(self: Any, scheduler_output: Any) -> Any:
+        victims = [r for r in scheduler_output.finished_req_ids
+                   if str(r).startswith(req) and self.req_ids2blocks.get(r)]
+        last = list(self.req_ids2blocks[victims[0]])[-1] if victims else None
+        out = original(self, scheduler_output)
+        if armed() and not state["fired"] and last is not None:
+            state["fired"] = True
+            self.free_blocks.append(last)
+            print(f"[hil] fault legacy_double_free fired: block {last} freed twice", flush=True)
+        return out
+
+    cls._update_states = _update_states  # type: ignore[method-assign]
+
+
+def misname_dummy(config: dict[str, Any]) -> None:
+    """The legacy ledger adapter (harness.engine.probes) no longer recognises the runner's
+    padding dummy: its blocks are listed under an ordinary request id, so the ledger still
+    adds up but no dummy is seen (a broken adapter, not a broken runner)."""
+    from harness.engine import probes
+
+    probes.LEGACY_DUMMY_ID = "padding"
+    print("[hil] fault misname_dummy: the legacy dummy is listed as 'padding'", flush=True)
+
+
 FAULTS: dict[str, FaultFn] = {
     "keep-dummy-on-join": keep_dummy_on_join,
     "crash-engine": crash_engine,
@@ -272,6 +472,15 @@ FAULTS: dict[str, FaultFn] = {
     "leak-warmup-block": leak_warmup_block,
     "kv-blocks-short": kv_blocks_short,
     "open-other-card": open_other_card,
+    "free-pad-block": free_pad_block,
+    "refree-block": refree_block,
+    "extra-ref": extra_ref,
+    "keep-finished-blocks": keep_finished_blocks,
+    "forget-free-in-runner": forget_free_in_runner,
+    "reserve-short": reserve_short,
+    "leak-reservation": leak_reservation,
+    "legacy-double-free": legacy_double_free,
+    "misname-dummy": misname_dummy,
 }
 
 
@@ -329,5 +538,16 @@ def apply_faults(specs: list[str], config: dict[str, Any]) -> None:
     env_specs = env_fault_specs(os.environ.get("HIL_FAULTS", ""))
     for spec in list(specs) + env_specs:
         fn, kwargs = parse_fault(spec, allow_external=allow)
+        # Any fault takes variant=ID (spyre-eager-cb, vllm-cpu): installed only in that
+        # variant's engines, so one run can prove one fault per target.
+        variant = kwargs.pop("variant", None)
+        if variant is not None and variant != engine_variant(config):
+            print(f"[hil] fault not installed (for {variant}): {spec}", flush=True)
+            continue
         fn(config, **kwargs)
         print(f"[hil] fault installed: {spec}", flush=True)
+
+
+def engine_variant(config: dict[str, Any]) -> str:
+    """The variant id of an engine configuration dict (``EngineConfig.variant_id``)."""
+    return "-".join(str(config[k]) for k in ("target", "backend", "mode") if config.get(k))

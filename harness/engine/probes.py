@@ -181,7 +181,7 @@ def snapshot_spyre_runner(runner: Any) -> KvSnapshot:
         reported = int(runner.n_blocks) - sum((reserved or {}).values())
     else:
         reported = None
-    return _pool_snapshot(
+    snap = _pool_snapshot(
         SOURCE_SPYRE_RUNNER,
         pool,
         [kvm],
@@ -190,6 +190,10 @@ def snapshot_spyre_runner(runner: Any) -> KvSnapshot:
         tkv=_opt_int(getattr(runner, "tkv", None)),
         block_size=_opt_int(getattr(runner, "block_size", None)),
     )
+    # The runner's request table, read apart from its reservations (check_reported_free).
+    table = getattr(runner, "requests", None)
+    snap.serving = None if table is None else [str(r) for r in list(table)]
+    return snap
 
 
 def _legacy_total_blocks(runner: Any, ledger_ids: Iterable[int]) -> int:

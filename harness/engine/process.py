@@ -255,6 +255,8 @@ class EngineSide:
                 snap.owned = {scenario_id(k): v for k, v in snap.owned.items()}
                 if snap.reserved is not None:
                     snap.reserved = {scenario_id(k): v for k, v in snap.reserved.items()}
+                if snap.serving is not None:
+                    snap.serving = [scenario_id(k) for k in snap.serving]
                 snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
             return snaps
 
