@@ -70,10 +70,14 @@ def step(n, running=(), waiting=(), preempted=(), kv=()):
                       preempted=list(preempted), kv=list(kv))
 
 
-def trace(steps, metric=0.0, per_request=None):
-    t = Trace(target="t", steps=steps, metrics={"vllm:num_preemptions": metric})
+def trace(steps, metric=0.0, per_request=None, executed=None):
+    """Requests of a 3-token prompt and no output: each runs 2 tokens once (prompt + output - 1)."""
+    t = Trace(target="t", steps=steps,
+              metrics={} if metric is None else {"vllm:num_preemptions": metric})
     for rid, n in (per_request or {"r0": 0, "r1": 0}).items():
-        t.requests[rid] = RequestTrace(request_id=rid, prompt_token_ids=[1], num_preemptions=n)
+        t.requests[rid] = RequestTrace(request_id=rid, prompt_token_ids=[1, 2, 3], num_preemptions=n)
+    if executed is not False:
+        steps[0].executed = executed or {rid: 2 for rid in t.requests}
     return t
 
 
@@ -102,9 +106,34 @@ def test_each_preemption_signal_alone_fails_the_check():
     assert check_no_preemption(by_step).at == 0
     assert not count_preemptions(by_metric).all_signals_agree_preempted()
     assert not check_preemption_seen(by_metric).ok
-    all_three = trace([step(3, ["r0"], preempted=["r1"])], metric=1.0, per_request={"r1": 1})
-    assert count_preemptions(all_three).all_signals_agree_preempted()
-    assert check_preemption_seen(all_three).ok
+    three = trace([step(3, ["r0"], preempted=["r1"])], metric=1.0, per_request={"r1": 1})
+    assert not count_preemptions(three).all_signals_agree_preempted()  # no tokens run again
+    assert "tokens run again per request (executor): none" in check_preemption_seen(three).why
+    all_four = trace([step(3, ["r0"], preempted=["r1"])], metric=1.0, per_request={"r1": 1},
+                     executed={"r0": 2, "r1": 2 + 3})
+    assert count_preemptions(all_four).all_signals_agree_preempted()
+    assert check_preemption_seen(all_four).ok
+
+
+def test_tokens_the_executor_ran_again_are_a_preemption_signal_of_their_own():
+    # The scheduler's three signals all say nothing; the executor ran r1's 3 tokens twice.
+    rerun = trace([step(0, ["r0", "r1"]), step(1, ["r1"])], executed={"r0": 2, "r1": 2})
+    rerun.steps[1].executed = {"r1": 2}
+    verdict = check_no_preemption(rerun)
+    assert not verdict.ok and verdict.check == "no_preemption"
+    assert "tokens run again per request (executor): {'r1': 2}" in verdict.why
+    # Fewer tokens than the request has (a block or a step skipped) disagree too.
+    short = trace([step(0, ["r0", "r1"])], executed={"r0": 2, "r1": 1})
+    assert "{'r1': -1}" in check_no_preemption(short).why
+
+
+def test_a_missing_signal_is_an_error_not_a_zero():
+    for t, missing in ((trace([step(0, ["r0"])], metric=None), "vllm:num_preemptions counter"),
+                       (trace([step(0, ["r0"])], executed=False), "tokens the executor ran")):
+        for check in (check_no_preemption, check_preemption_seen):
+            verdict = check(t)
+            assert not verdict.ok and verdict.check == "no_preemption.unrecorded"
+            assert missing in verdict.why and "not read as zero" in verdict.why
 
 
 def snap(owned, free, dummy_ids=()):

@@ -110,6 +110,49 @@ def kv_blocks_short(config: dict[str, Any], by: str = "1") -> None:
     EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
 
 
+def _shift_block_need(name: str, blocks: int) -> None:
+    """Every request's block need, as vLLM's KV cache managers compute it, is off by
+    ``blocks`` once armed: the manager sizes a request for ``blocks`` blocks' worth of
+    tokens more (or fewer) than it has, at admission and at every allocation."""
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+    cls = SingleTypeKVCacheManager
+    count, allocate = cls.get_num_blocks_to_allocate, cls.allocate_new_blocks
+    state = {"fired": False}
+
+    def shifted(self: Any, num_tokens: int) -> int:
+        if not armed() or num_tokens <= 0:
+            return num_tokens
+        if not state["fired"]:
+            state["fired"] = True
+            print(f"[hil] fault {name} fired: requests sized {blocks:+d} block(s) of"
+                  f" {self.block_size} tokens", flush=True)
+        return max(num_tokens + blocks * int(self.block_size), 0)
+
+    def get_num_blocks_to_allocate(self: Any, request_id: str, num_tokens: int,
+                                   *a: Any, **kw: Any) -> int:
+        return count(self, request_id, shifted(self, num_tokens), *a, **kw)
+
+    def allocate_new_blocks(self: Any, request_id: str, num_tokens: int,
+                            *a: Any, **kw: Any) -> Any:
+        return allocate(self, request_id, shifted(self, num_tokens), *a, **kw)
+
+    cls.get_num_blocks_to_allocate = get_num_blocks_to_allocate  # type: ignore[method-assign]
+    cls.allocate_new_blocks = allocate_new_blocks  # type: ignore[method-assign]
+
+
+def block_too_many(config: dict[str, Any]) -> None:
+    """vLLM gives every request one KV block more than its tokens need (an off-by-one
+    that rounds up once too often)."""
+    _shift_block_need("block-too-many", 1)
+
+
+def block_too_few(config: dict[str, Any]) -> None:
+    """vLLM gives every request one KV block fewer than its tokens need (its last block's
+    keys and values go wherever the block table's stale entry points)."""
+    _shift_block_need("block-too-few", -1)
+
+
 def crash_engine(config: dict[str, Any], when: str = "start") -> None:
     """The engine process dies: at start (a card that cannot come up) or at its first
     generate/step call (a card that falls over under load)."""
@@ -199,6 +242,8 @@ FAULTS: dict[str, FaultFn] = {
     "leak-warmup-block": leak_warmup_block,
     "kv-blocks-short": kv_blocks_short,
     "open-other-card": open_other_card,
+    "block-too-many": block_too_many,
+    "block-too-few": block_too_few,
 }
 
 
