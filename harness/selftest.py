@@ -63,6 +63,8 @@ CPU_CASES: tuple[Case, ...] = (
          "neuron_geometry and 4", "recompute"),
     Case("block-too-many", "vllm-cpu", "suites/test_capacity.py", "device_decided", "recompute"),
     Case("block-too-few", "vllm-cpu", "suites/test_capacity.py", "one_block_below", "recompute"),
+    Case("silent-preemption", "vllm-cpu", "suites/test_capacity.py", "one_block_below",
+         "recompute"),
     Case("crash-engine:when=start", "vllm-cpu", TOKEN, ONE_TOKEN_TEST,
          "engine crash / harness error"),
     Case("hang-engine", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "timeout",
