@@ -65,6 +65,8 @@ CPU_CASES: tuple[Case, ...] = (
     Case("block-too-few", "vllm-cpu", "suites/test_capacity.py", "one_block_below", "recompute"),
     Case("silent-preemption", "vllm-cpu", "suites/test_capacity.py", "one_block_below",
          "recompute"),
+    Case("hide-preemption-counter", "vllm-cpu", "suites/test_capacity.py", "one_block_below",
+         "engine crash / harness error"),
     Case("crash-engine:when=start", "vllm-cpu", TOKEN, ONE_TOKEN_TEST,
          "engine crash / harness error"),
     Case("hang-engine", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "timeout",

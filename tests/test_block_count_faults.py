@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e  # each test runs a suite in a child pytest with en
 @pytest.mark.parametrize(("fault", "select", "says"), [
     ("block-too-many", "device_decided", "[check no_preemption] recompute: requests were preempted"),
     ("block-too-few", "one_block_below", "[check preemption_seen] a signal missed the preemption"),
-])
+], ids=["block-too-many", "block-too-few"])
 def test_one_block_off_per_request_fails_the_capacity_edge(tmp_path, fault, select, says):
     run = run_suite(tmp_path, "suites/test_capacity.py", "-k", select, "--model", "tiny-llama",
                     "--target", "vllm-cpu", "--inject-fault", fault)
@@ -39,3 +39,13 @@ def test_a_silent_preemption_is_caught_by_the_tokens_the_executor_ran_again(tmp_
     assert ("vllm:num_preemptions=0; per-request counts none; preempted ids per step: none;"
             " tokens run again per request (executor): {'r") in message, message[:2000]
     assert classify("failed", message.splitlines()[0]) == "recompute", message[:500]
+
+
+def test_a_missing_preemption_counter_is_an_error_not_a_zero(tmp_path):
+    run = run_suite(tmp_path, "suites/test_capacity.py", "-k", "one_block_below", "--model",
+                    "tiny-llama", "--target", "vllm-cpu", "--inject-fault", "hide-preemption-counter")
+    assert run.returncode == 1, run.output[-3000:]
+    message = run.messages[run.failed()[0]]
+    assert ("[check no_preemption.unrecorded] preemption signal missing: the vllm:num_preemptions"
+            " counter") in message, message[:2000]
+    assert classify("failed", message.splitlines()[0]) == "engine crash / harness error"

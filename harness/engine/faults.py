@@ -205,6 +205,19 @@ def silent_preemption(config: dict[str, Any]) -> None:
     Scheduler.schedule = quiet_schedule  # type: ignore[method-assign]
 
 
+def hide_preemption_counter(config: dict[str, Any]) -> None:
+    """The engine's metrics lack the vllm:num_preemptions counter (a stack that does not
+    export it, or stats turned off), so it must not read as zero preemptions."""
+    from vllm import LLM
+
+    original = LLM.get_metrics
+
+    def get_metrics(self: Any, *a: Any, **kw: Any) -> Any:
+        return [m for m in original(self, *a, **kw) if m.name != "vllm:num_preemptions"]
+
+    LLM.get_metrics = get_metrics  # type: ignore[method-assign]
+
+
 def crash_engine(config: dict[str, Any], when: str = "start") -> None:
     """The engine process dies: at start (a card that cannot come up) or at its first
     generate/step call (a card that falls over under load)."""
@@ -297,6 +310,7 @@ FAULTS: dict[str, FaultFn] = {
     "block-too-many": block_too_many,
     "block-too-few": block_too_few,
     "silent-preemption": silent_preemption,
+    "hide-preemption-counter": hide_preemption_counter,
 }
 
 
