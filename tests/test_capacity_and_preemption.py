@@ -1,6 +1,8 @@
 """Pure checks: preflight block arithmetic, preemption signals, full-batch precondition,
 dummy-block return; each shown to hold and to fail on a constructed trace."""
 
+import math
+
 import pytest
 
 from harness.checks.capacity import (
@@ -166,3 +168,23 @@ def test_dummy_blocks_must_be_back_when_a_second_request_joins():
     never = check_dummy_padding(trace([step(3, ["r0"], kv=[snap({"r0": [0]}, [1, 2])]),
                                        joined_ok]))
     assert never.ok and never.why == "no dummy"
+
+
+@pytest.mark.parametrize("prompt_len", [1, 63, 64, 65, 200])
+def test_full_batch_requests_on_vllm_cpu_use_every_block_of_their_share(prompt_len):
+    # vLLM holds KV for prompt + output - 1 tokens (the last token is never fed back), so a
+    # request filling max_model_len holds exactly the formula's per-request blocks.
+    from harness.targets import kind
+
+    max_tokens = kind("vllm-cpu").full_length_max_tokens(256, prompt_len)
+    need = blocks_needed(256, 4, 16)
+    assert math.ceil((prompt_len + max_tokens - 1) / 16) == need.per_request
+    assert prompt_len + max_tokens == 256
+
+
+def test_spyre_full_batch_requests_keep_one_block_of_tkv_headroom():
+    from harness.targets import kind
+
+    for prompt_len in (63, 64, 65):
+        padded = math.ceil(prompt_len / 64) * 64  # the prompt padded to Spyre's 64-token block
+        assert padded + kind("spyre").full_length_max_tokens(256, prompt_len) + 64 == 256
