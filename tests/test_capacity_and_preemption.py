@@ -188,3 +188,18 @@ def test_spyre_full_batch_requests_keep_one_block_of_tkv_headroom():
     for prompt_len in (63, 64, 65):
         padded = math.ceil(prompt_len / 64) * 64  # the prompt padded to Spyre's 64-token block
         assert padded + kind("spyre").full_length_max_tokens(256, prompt_len) + 64 == 256
+
+
+def test_executed_tokens_are_counted_per_step_at_the_executor():
+    from types import SimpleNamespace
+
+    from harness.engine.executed import ExecutedTokens
+
+    calls = []
+    executor = SimpleNamespace(execute_model=lambda so, non_block=False: calls.append(so) or "out")
+    counter = ExecutedTokens(executor)
+    step = SimpleNamespace(num_scheduled_tokens={"a": 64, "b": 1})
+    assert executor.execute_model(step, non_block=True) == "out" and calls == [step]
+    executor.execute_model(SimpleNamespace(num_scheduled_tokens={"b": 1}))
+    assert counter.take() == {"a": 64, "b": 2}
+    assert counter.take() == {}  # each step starts afresh
