@@ -46,7 +46,9 @@ def reference_requests(tokenizer: Any) -> list[tuple[tuple[int, ...], int]]:
         for name, shapes in test_block_freeing.SCENARIOS.items()
     ]
     scenarios += [
-        test_no_recompute.full_batch_scenario(model, seqs, prompt_len)
+        test_no_recompute.full_batch_scenario(model, SimpleNamespace(target=target), seqs,
+                                              prompt_len)
+        for target in ("vllm-cpu", "spyre")  # the request lengths differ per target kind
         for seqs in (2, 4)
         for prompt_len in (63, 64, 65)
     ]

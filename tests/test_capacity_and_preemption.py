@@ -1,6 +1,8 @@
 """Pure checks: preflight block arithmetic, preemption signals, full-batch precondition,
 dummy-block return; each shown to hold and to fail on a constructed trace."""
 
+import math
+
 import pytest
 
 from harness.checks.capacity import (
@@ -70,10 +72,14 @@ def step(n, running=(), waiting=(), preempted=(), kv=()):
                       preempted=list(preempted), kv=list(kv))
 
 
-def trace(steps, metric=0.0, per_request=None):
-    t = Trace(target="t", steps=steps, metrics={"vllm:num_preemptions": metric})
+def trace(steps, metric=0.0, per_request=None, executed=None):
+    """Requests of a 3-token prompt and no output: each runs 2 tokens once (prompt + output - 1)."""
+    t = Trace(target="t", steps=steps,
+              metrics={} if metric is None else {"vllm:num_preemptions": metric})
     for rid, n in (per_request or {"r0": 0, "r1": 0}).items():
-        t.requests[rid] = RequestTrace(request_id=rid, prompt_token_ids=[1], num_preemptions=n)
+        t.requests[rid] = RequestTrace(request_id=rid, prompt_token_ids=[1, 2, 3], num_preemptions=n)
+    if executed is not False:
+        steps[0].executed = executed or {rid: 2 for rid in t.requests}
     return t
 
 
@@ -102,9 +108,34 @@ def test_each_preemption_signal_alone_fails_the_check():
     assert check_no_preemption(by_step).at == 0
     assert not count_preemptions(by_metric).all_signals_agree_preempted()
     assert not check_preemption_seen(by_metric).ok
-    all_three = trace([step(3, ["r0"], preempted=["r1"])], metric=1.0, per_request={"r1": 1})
-    assert count_preemptions(all_three).all_signals_agree_preempted()
-    assert check_preemption_seen(all_three).ok
+    three = trace([step(3, ["r0"], preempted=["r1"])], metric=1.0, per_request={"r1": 1})
+    assert not count_preemptions(three).all_signals_agree_preempted()  # no tokens run again
+    assert "tokens run again per request (executor): none" in check_preemption_seen(three).why
+    all_four = trace([step(3, ["r0"], preempted=["r1"])], metric=1.0, per_request={"r1": 1},
+                     executed={"r0": 2, "r1": 2 + 3})
+    assert count_preemptions(all_four).all_signals_agree_preempted()
+    assert check_preemption_seen(all_four).ok
+
+
+def test_tokens_the_executor_ran_again_are_a_preemption_signal_of_their_own():
+    # The scheduler's three signals all say nothing; the executor ran r1's 3 tokens twice.
+    rerun = trace([step(0, ["r0", "r1"]), step(1, ["r1"])], executed={"r0": 2, "r1": 2})
+    rerun.steps[1].executed = {"r1": 2}
+    verdict = check_no_preemption(rerun)
+    assert not verdict.ok and verdict.check == "no_preemption"
+    assert "tokens run again per request (executor): {'r1': 2}" in verdict.why
+    # Fewer tokens than the request has (a block or a step skipped) disagree too.
+    short = trace([step(0, ["r0", "r1"])], executed={"r0": 2, "r1": 1})
+    assert "{'r1': -1}" in check_no_preemption(short).why
+
+
+def test_a_missing_signal_is_an_error_not_a_zero():
+    for t, missing in ((trace([step(0, ["r0"])], metric=None), "vllm:num_preemptions counter"),
+                       (trace([step(0, ["r0"])], executed=False), "tokens the executor ran")):
+        for check in (check_no_preemption, check_preemption_seen):
+            verdict = check(t)
+            assert not verdict.ok and verdict.check == "no_preemption.unrecorded"
+            assert missing in verdict.why and "not read as zero" in verdict.why
 
 
 def snap(owned, free, dummy_ids=()):
@@ -156,3 +187,38 @@ def test_a_stack_that_declares_dummy_padding_fails_without_a_dummy():
     assert dummy_padding_verdict(trace([unseen, joined]), default, "spyre-eager-cb") is None
     surprise = dummy_padding_verdict(trace([alone, joined]), default, "spyre-eager-cb")
     assert not surprise.ok and "does not declare dummy padding" in surprise.why
+
+
+@pytest.mark.parametrize("prompt_len", [1, 63, 64, 65, 200])
+def test_full_batch_requests_on_vllm_cpu_use_every_block_of_their_share(prompt_len):
+    # vLLM holds KV for prompt + output - 1 tokens (the last token is never fed back), so a
+    # request filling max_model_len holds exactly the formula's per-request blocks.
+    from harness.targets import kind
+
+    max_tokens = kind("vllm-cpu").full_length_max_tokens(256, prompt_len)
+    need = blocks_needed(256, 4, 16)
+    assert math.ceil((prompt_len + max_tokens - 1) / 16) == need.per_request
+    assert prompt_len + max_tokens == 256
+
+
+def test_spyre_full_batch_requests_keep_one_block_of_tkv_headroom():
+    from harness.targets import kind
+
+    for prompt_len in (63, 64, 65):
+        padded = math.ceil(prompt_len / 64) * 64  # the prompt padded to Spyre's 64-token block
+        assert padded + kind("spyre").full_length_max_tokens(256, prompt_len) + 64 == 256
+
+
+def test_executed_tokens_are_counted_per_step_at_the_executor():
+    from types import SimpleNamespace
+
+    from harness.engine.executed import ExecutedTokens
+
+    calls = []
+    executor = SimpleNamespace(execute_model=lambda so, non_block=False: calls.append(so) or "out")
+    counter = ExecutedTokens(executor)
+    step = SimpleNamespace(num_scheduled_tokens={"a": 64, "b": 1})
+    assert executor.execute_model(step, non_block=True) == "out" and calls == [step]
+    executor.execute_model(SimpleNamespace(num_scheduled_tokens={"b": 1}))
+    assert counter.take() == {"a": 64, "b": 2}
+    assert counter.take() == {}  # each step starts afresh

@@ -126,6 +126,8 @@ def _real_messages() -> dict[str, tuple[str, str, str | None]]:
     ref, dev, cmp_ = mismatch_comparison()
     preempted = Trace(target="vllm-cpu", steps=leaky_steps()[:3],
                       metrics={"vllm:num_preemptions": 1.0})
+    preempted.steps[0].executed = {"r0": 8}
+    unread = Trace(target="vllm-cpu", steps=leaky_steps()[:3])
     need = blocks_needed(256, 2, 16)
     try:
         preflight(need, 3, "num_gpu_blocks_override")
@@ -159,6 +161,8 @@ def _real_messages() -> dict[str, tuple[str, str, str | None]]:
         "engine crash (config)": ("broken", exconly(ConfigError("unknown target 'x'")), None),
         "engine crash (other exception)": ("broken", exconly(KeyError("requests")), None),
         "engine crash (no ledger recorded)": ("failed", *failed(check_ledger(no_probe))),
+        "engine crash (preemption signal missing)": ("failed",
+                                                     *failed(check_no_preemption(unread))),
     }
 
 

@@ -3,16 +3,27 @@
 Two things are asserted, separately, because each alone can lie:
 - the precondition: the batch really reached ``max_num_seqs`` running requests
   at once (a run that never fills the batch proves nothing about a full batch);
-- zero preemptions, by three independent signals: the engine's
-  ``vllm:num_preemptions`` counter, each request's preemption count, and the
-  ids the scheduler listed as preempted at each step.
+- zero preemptions, by four signals: the engine's ``vllm:num_preemptions``
+  counter, each request's preemption count and the ids the scheduler listed as
+  preempted at each step (all three written by the scheduler's preemption path),
+  and, outside that path, the tokens the model executor ran per request: without
+  prefix caching a request runs its prompt plus its output minus one token exactly
+  once, and a recomputed request runs tokens again.
+A signal the trace does not carry (the counter missing from the engine's metrics,
+no executed-token counts) is an error, never a zero.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.checks.verdict import FULL_BATCH, NO_PREEMPTION, PREEMPTION_SEEN, Verdict
+from harness.checks.verdict import (
+    FULL_BATCH,
+    NO_PREEMPTION,
+    PREEMPTION_SEEN,
+    PREEMPTION_UNRECORDED,
+    Verdict,
+)
 from harness.render.ledger_table import format_step_table
 from harness.trace import StepRecord, Trace
 
@@ -21,11 +32,17 @@ PREEMPTION_METRIC = "vllm:num_preemptions"
 
 @dataclass
 class PreemptionCount:
-    """What each signal says about preemption in one run."""
+    """What each signal says about preemption in one run.
+
+    ``metric`` is None when the engine did not report the counter; ``recomputed`` maps
+    each finished request to the tokens the executor ran beyond its prompt + output - 1
+    (negative: fewer than that), None when the trace has no executed-token counts.
+    """
 
     metric: float | None
     per_request: dict[str, int] = field(default_factory=dict)
     per_step: dict[int, list[str]] = field(default_factory=dict)
+    recomputed: dict[str, int] | None = None
 
     @property
     def total_by_request(self) -> int:
@@ -35,27 +52,69 @@ class PreemptionCount:
     def total_by_step(self) -> int:
         return sum(len(v) for v in self.per_step.values())
 
+    @property
+    def total_recomputed(self) -> int:
+        return sum(v for v in (self.recomputed or {}).values() if v > 0)
+
+    def missing(self) -> list[str]:
+        """The signals the trace does not carry (each one an error, not a zero)."""
+        out = []
+        if self.metric is None:
+            out.append(f"the {PREEMPTION_METRIC} counter (not in the engine's metrics: is"
+                       " disable_log_stats off?)")
+        if self.recomputed is None:
+            out.append("the tokens the executor ran per request (no step recorded them)")
+        return out
+
     def any(self) -> bool:
-        return bool((self.metric or 0) > 0 or self.total_by_request or self.total_by_step)
+        return bool((self.metric or 0) > 0 or self.total_by_request or self.total_by_step
+                    or any(self.recomputed.values() if self.recomputed else ()))
 
     def all_signals_agree_preempted(self) -> bool:
-        """Every signal (the counter, where present) saw at least one preemption."""
-        metric_ok = self.metric is None or self.metric > 0
-        return metric_ok and self.total_by_request > 0 and self.total_by_step > 0
+        """Every signal saw at least one preemption (a missing signal saw nothing)."""
+        return (self.metric is not None and self.metric > 0 and self.total_by_request > 0
+                and self.total_by_step > 0 and self.total_recomputed > 0)
 
     def describe(self) -> str:
         steps = ", ".join(f"step {s}: {ids}" for s, ids in sorted(self.per_step.items())) or "none"
         reqs = {k: v for k, v in self.per_request.items() if v} or "none"
         metric = "not reported" if self.metric is None else f"{self.metric:g}"
-        return f"{PREEMPTION_METRIC}={metric}; per-request counts {reqs}; preempted ids per step: {steps}"
+        if self.recomputed is None:
+            rerun = "not recorded"
+        else:
+            rerun = str({k: v for k, v in self.recomputed.items() if v} or "none")
+        return (f"{PREEMPTION_METRIC}={metric}; per-request counts {reqs}; preempted ids per"
+                f" step: {steps}; tokens run again per request (executor): {rerun}")
+
+
+def recomputed_tokens(trace: Trace) -> dict[str, int] | None:
+    """Per finished request: tokens the executor ran minus prompt + output - 1 (None when
+    no step of the trace recorded executed tokens)."""
+    if not any(s.executed for s in trace.steps):
+        return None
+    ran: dict[str, int] = {}
+    for s in trace.steps:
+        for rid, n in s.executed.items():
+            ran[rid] = ran.get(rid, 0) + n
+    return {rid: ran.get(rid, 0) - (len(r.prompt_token_ids) + len(r.steps) - 1)
+            for rid, r in trace.requests.items()}
 
 
 def count_preemptions(trace: Trace) -> PreemptionCount:
-    """The three preemption signals of a step-driven trace."""
+    """The four preemption signals of a step-driven trace."""
     metric = trace.metrics.get(PREEMPTION_METRIC)
     per_request = {rid: r.num_preemptions for rid, r in trace.requests.items()}
     per_step = {s.step: list(s.preempted) for s in trace.steps if s.preempted}
-    return PreemptionCount(metric=metric, per_request=per_request, per_step=per_step)
+    return PreemptionCount(metric=metric, per_request=per_request, per_step=per_step,
+                           recomputed=recomputed_tokens(trace))
+
+
+def _unrecorded(count: PreemptionCount) -> Verdict:
+    return Verdict.failed(
+        PREEMPTION_UNRECORDED,
+        f"preemption signal missing: {'; '.join(count.missing())}; a missing signal proves"
+        f" nothing, so it is not read as zero ({count.describe()})",
+    )
 
 
 def largest_batch(steps: list[StepRecord]) -> tuple[int, int | None]:
@@ -84,8 +143,11 @@ def check_full_batch(trace: Trace, max_num_seqs: int) -> Verdict:
 
 
 def check_no_preemption(trace: Trace) -> Verdict:
-    """No signal saw a preemption; else every signal's count and the first preempting step."""
+    """No signal saw a preemption; else every signal's count and the first preempting step.
+    A missing signal fails as ``no_preemption.unrecorded``."""
     count = count_preemptions(trace)
+    if count.missing():
+        return _unrecorded(count)
     if not count.any():
         return Verdict.passed(NO_PREEMPTION, "no signal saw a preemption")
     why = f"recompute: requests were preempted and recomputed: {count.describe()}"
@@ -97,6 +159,8 @@ def check_no_preemption(trace: Trace) -> Verdict:
 def check_preemption_seen(trace: Trace) -> Verdict:
     """Every signal saw a preemption (negative controls: the detectors are not blind)."""
     count = count_preemptions(trace)
+    if count.missing():
+        return _unrecorded(count)
     if count.all_signals_agree_preempted():
         return Verdict.passed(PREEMPTION_SEEN, count.describe())
     return Verdict.failed(PREEMPTION_SEEN, f"a signal missed the preemption: {count.describe()}")

@@ -18,6 +18,7 @@ DUMMY_PADDING = "dummy_padding"
 FULL_BATCH = "full_batch"
 NO_PREEMPTION = "no_preemption"
 PREEMPTION_SEEN = "preemption_seen"
+PREEMPTION_UNRECORDED = "no_preemption.unrecorded"  # a preemption signal missing: harness problem
 CAPACITY = "capacity"
 # A test ran on an engine an earlier test left dirty and that could not be replaced.
 INHERITED_STATE = "inherited_state"

@@ -182,6 +182,114 @@ def kv_blocks_short(config: dict[str, Any], by: str = "1") -> None:
     EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
 
 
+def block_too_many(config: dict[str, Any]) -> None:
+    """vLLM takes one KV block more from the pool for every request than its tokens need:
+    admission counts it, the request holds it until its blocks are freed (finish or
+    preemption), and the model runner never sees it (its block table stays as wide as
+    max_model_len needs), as an allocator that rounds up once too often would."""
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+    cls = SingleTypeKVCacheManager
+    count, allocate, free = cls.get_num_blocks_to_allocate, cls.allocate_new_blocks, cls.free
+    extra: dict[tuple[int, str], Any] = {}  # (manager, request) -> the block it holds too many
+
+    def get_num_blocks_to_allocate(self: Any, request_id: str, *a: Any, **kw: Any) -> int:
+        n = count(self, request_id, *a, **kw)
+        return n + 1 if armed() and (id(self), request_id) not in extra else n
+
+    def allocate_new_blocks(self: Any, request_id: str, *a: Any, **kw: Any) -> Any:
+        blocks = allocate(self, request_id, *a, **kw)
+        if armed() and (id(self), request_id) not in extra:
+            (block,) = self.block_pool.get_new_blocks(1)
+            extra[(id(self), request_id)] = block
+            print(f"[hil] fault block_too_many fired: {request_id} holds block"
+                  f" {block.block_id} too many", flush=True)
+        return blocks
+
+    def free_blocks(self: Any, request_id: str) -> None:
+        free(self, request_id)
+        block = extra.pop((id(self), request_id), None)
+        if block is not None:
+            self.block_pool.free_blocks([block])
+
+    cls.get_num_blocks_to_allocate = get_num_blocks_to_allocate  # type: ignore[method-assign]
+    cls.allocate_new_blocks = allocate_new_blocks  # type: ignore[method-assign]
+    cls.free = free_blocks  # type: ignore[method-assign]
+
+
+def block_too_few(config: dict[str, Any]) -> None:
+    """vLLM gives every request one KV block fewer than its tokens need, at admission and at
+    every allocation (its last block's keys and values go wherever the runner's block table
+    holds a stale entry)."""
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+    cls = SingleTypeKVCacheManager
+    count, allocate = cls.get_num_blocks_to_allocate, cls.allocate_new_blocks
+    state = {"fired": False}
+
+    def fewer(self: Any, num_tokens: int) -> int:
+        if not armed() or num_tokens <= 0:
+            return num_tokens
+        if not state["fired"]:
+            state["fired"] = True
+            print(f"[hil] fault block_too_few fired: requests sized one block of"
+                  f" {self.block_size} tokens short", flush=True)
+        return max(num_tokens - int(self.block_size), 0)
+
+    def get_num_blocks_to_allocate(self: Any, request_id: str, num_tokens: int,
+                                   *a: Any, **kw: Any) -> int:
+        return count(self, request_id, fewer(self, num_tokens), *a, **kw)
+
+    def allocate_new_blocks(self: Any, request_id: str, num_tokens: int,
+                            *a: Any, **kw: Any) -> Any:
+        return allocate(self, request_id, fewer(self, num_tokens), *a, **kw)
+
+    cls.get_num_blocks_to_allocate = get_num_blocks_to_allocate  # type: ignore[method-assign]
+    cls.allocate_new_blocks = allocate_new_blocks  # type: ignore[method-assign]
+
+
+def silent_preemption(config: dict[str, Any]) -> None:
+    """vLLM's scheduler preempts and recomputes as usual, but its preemption bookkeeping
+    says nothing: no PREEMPTED event (the vllm:num_preemptions counter stays), the
+    request's num_preemptions is put back, and the step's preempted ids are emptied."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    preempt, schedule = Scheduler._preempt_request, Scheduler.schedule
+
+    def _preempt_request(self: Any, request: Any, *a: Any, **kw: Any) -> Any:
+        log_stats, self.log_stats = self.log_stats, False
+        try:
+            out = preempt(self, request, *a, **kw)
+        finally:
+            self.log_stats = log_stats
+        request.num_preemptions -= 1
+        print(f"[hil] fault silent_preemption fired: {request.request_id} preempted unrecorded",
+              flush=True)
+        return out
+
+    def quiet_schedule(self: Any, *a: Any, **kw: Any) -> Any:
+        out = schedule(self, *a, **kw)
+        if getattr(out, "preempted_req_ids", None):
+            out.preempted_req_ids = set()
+        return out
+
+    Scheduler._preempt_request = _preempt_request  # type: ignore[method-assign]
+    Scheduler.schedule = quiet_schedule  # type: ignore[method-assign]
+
+
+def hide_preemption_counter(config: dict[str, Any]) -> None:
+    """The engine's metrics lack the vllm:num_preemptions counter (a stack that does not
+    export it, or stats turned off), so it must not read as zero preemptions."""
+    from vllm import LLM
+
+    original = LLM.get_metrics
+
+    def get_metrics(self: Any, *a: Any, **kw: Any) -> Any:
+        return [m for m in original(self, *a, **kw) if m.name != "vllm:num_preemptions"]
+
+    LLM.get_metrics = get_metrics  # type: ignore[method-assign]
+
+
 def crash_engine(config: dict[str, Any], when: str = "start") -> None:
     """The engine process dies: at start (a card that cannot come up) or at its first
     generate/step call (a card that falls over under load)."""
@@ -481,6 +589,10 @@ FAULTS: dict[str, FaultFn] = {
     "leak-reservation": leak_reservation,
     "legacy-double-free": legacy_double_free,
     "misname-dummy": misname_dummy,
+    "block-too-many": block_too_many,
+    "block-too-few": block_too_few,
+    "silent-preemption": silent_preemption,
+    "hide-preemption-counter": hide_preemption_counter,
 }
 
 

@@ -195,6 +195,14 @@ class EngineSide:
             sched.schedule = schedule
         return self._sched_outputs
 
+    def _executed_tokens(self) -> Any:
+        """Count the tokens the executor runs per request (installed once)."""
+        if not hasattr(self, "_executed"):
+            from harness.engine.executed import ExecutedTokens
+
+            self._executed = ExecutedTokens(self._engine_core().model_executor)
+        return self._executed
+
     def drain(self) -> int:
         """Step until the runner has been told of every finished request (idle).
 
@@ -239,6 +247,7 @@ class EngineSide:
         core = self._engine_core()
         sched = core.scheduler
         sched_outputs = self._capture_schedule()
+        executed = self._executed_tokens()
         runner = self._model_runner()
 
         def scenario_id(engine_id: str) -> str:  # engine ids carry a suffix
@@ -268,6 +277,7 @@ class EngineSide:
         before = metric_values(self.llm)
         compute0 = self.compute_seconds
         initial = StepRecord(step=-1, tkv=getattr(runner, "tkv", None), kv=kv())
+        executed.take()  # what the drain ran belongs to no step of this run
         steps: list[StepRecord] = []
         step = 0
         while pending or sched.has_requests():
@@ -309,6 +319,7 @@ class EngineSide:
                     num_scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
                     tkv=getattr(runner, "tkv", None),
                     kv=kv(),
+                    executed={scenario_id(r): n for r, n in executed.take().items()},
                 )
             )
             step += 1

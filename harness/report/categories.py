@@ -74,7 +74,7 @@ def _device_labels() -> str:
     return "|".join(re.escape(d.label) for d in device_kinds().values() if d.leased)
 
 # Exact check names that belong to another category than their family's.
-_EXACT_CHECKS = frozenset({checks.KV_LEDGER_UNRECORDED})
+_EXACT_CHECKS = frozenset({checks.KV_LEDGER_UNRECORDED, checks.PREEMPTION_UNRECORDED})
 
 CATEGORIES: tuple[Category, ...] = (
     Category(
@@ -142,7 +142,7 @@ CATEGORIES: tuple[Category, ...] = (
             _EXC + r"Engine\w*(?:Error|Crashed):",
             _EXC + r"ConfigError:",
         ),
-        checks=(checks.KV_LEDGER_UNRECORDED,),
+        checks=(checks.KV_LEDGER_UNRECORDED, checks.PREEMPTION_UNRECORDED),
     ),
     # Any other exception than an assertion is the harness's or the stack's error.
     Category(

@@ -185,6 +185,19 @@ class TargetKind:
             ) from None
 
     @classmethod
+    def full_batch_pool(cls, max_model_len: int, max_num_seqs: int) -> dict[str, int]:
+        """EngineConfig overrides for a KV pool of exactly a full batch of full-length
+        requests plus the pad block; {} where the device sizes its own pool."""
+        return {}
+
+    @classmethod
+    def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:
+        """max_tokens for a request of ``prompt_len`` tokens that holds as many KV blocks as a
+        request can: its prompt and output fill max_model_len, no headroom (a kind whose
+        batching needs some, as Spyre's shared tkv does, says how much)."""
+        return max_model_len - prompt_len
+
+    @classmethod
     def availability_probe(cls, variant: TargetVariant) -> str | None:
         """None when this machine can run ``variant``, else a precise reason to skip."""
         return None

@@ -67,6 +67,14 @@ class NeuronTarget(VllmTarget):
     geometries = {"default": PoolGeometry(None)}
 
     @classmethod
+    def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:
+        # One block per sequence: a request holds its one block whatever its length, so the
+        # pool is tight anyway; the lengths stay those run through vllm-neuron's probe
+        # (tests/test_neuron_config.py): the prompt padded to 64 tokens plus 64 of headroom.
+        padded = -(-prompt_len // 64) * 64
+        return max_model_len - padded - 64
+
+    @classmethod
     def availability_probe(cls, variant: Any) -> str | None:
         from harness.lab.devices import discover_neuron
 

@@ -81,6 +81,15 @@ class SpyreTarget(VllmTarget):
     geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
 
     @classmethod
+    def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:
+        # A batch shares one tkv: a request joins only if its prompt, padded to the batch's
+        # tkv, plus its max_tokens still fit max_model_len. Requests filling max_model_len
+        # can join only at step 0, and with chunked prefill the tkv has moved on by then:
+        # one block of headroom lets all max_num_seqs requests join while the batch decodes.
+        padded = math.ceil(prompt_len / BLOCK_SIZE) * BLOCK_SIZE
+        return max_model_len - padded - BLOCK_SIZE
+
+    @classmethod
     def availability_probe(cls, variant: Any) -> str | None:
         if importlib.util.find_spec("vllm_spyre") is None:
             return "vllm-spyre is not installed in this environment; run ./setup.sh"

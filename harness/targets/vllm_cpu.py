@@ -20,6 +20,12 @@ class VllmCpuTarget(VllmTarget):
         "one-block-per-sequence": PoolGeometry(None),
     }
 
+    @classmethod
+    def full_batch_pool(cls, max_model_len: int, max_num_seqs: int) -> dict[str, int]:
+        # vLLM sizes its pool from memory; the harness sizes it from the block formula so
+        # that a full batch of full-length requests fills it exactly.
+        return cls.geometry("paged").engine_overrides(max_model_len, max_num_seqs)
+
     def engine_env(self) -> dict[str, str]:
         env = super().engine_env()
         # An installed vllm-spyre would otherwise take over the platform.

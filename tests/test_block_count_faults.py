@@ -1,0 +1,51 @@
+"""One KV block too many or too few per request, injected into vLLM's block allocation,
+makes the vllm-cpu capacity suite fail at the full-batch edge, filed as recompute.
+
+Tight full-batch requests fill their share of a formula-sized pool exactly, so a request
+given a block more runs the pool dry (preempted); and a pool one block below the formula
+must preempt, so a request given a block fewer (the pool never runs dry) shows too.
+"""
+
+import pytest
+
+from harness.report.categories import classify
+from tests.suite_runner import run_suite
+
+pytestmark = pytest.mark.e2e  # each test runs a suite in a child pytest with engines
+
+
+@pytest.mark.parametrize(("fault", "select", "says"), [
+    ("block-too-many", "device_decided", "[check no_preemption] recompute: requests were preempted"),
+    ("block-too-few", "one_block_below", "[check preemption_seen] a signal missed the preemption"),
+], ids=["block-too-many", "block-too-few"])
+def test_one_block_off_per_request_fails_the_capacity_edge(tmp_path, fault, select, says):
+    run = run_suite(tmp_path, "suites/test_capacity.py", "-k", select, "--model", "tiny-llama",
+                    "--target", "vllm-cpu", "--inject-fault", fault)
+    assert run.returncode == 1, run.output[-3000:]
+    assert len(run.failed()) == 1, run.outcomes
+    message = run.messages[run.failed()[0]]
+    assert says in message, message[:2000]
+    assert classify("failed", message.splitlines()[0]) == "recompute", message[:500]
+
+
+def test_a_silent_preemption_is_caught_by_the_tokens_the_executor_ran_again(tmp_path):
+    """The scheduler's three signals say nothing (silent-preemption); the tokens the executor
+    ran again still fail the full-batch edge when a block too many per request preempts."""
+    run = run_suite(tmp_path, "suites/test_capacity.py", "-k", "device_decided", "--model",
+                    "tiny-llama", "--target", "vllm-cpu", "--inject-fault", "block-too-many",
+                    "--inject-fault", "silent-preemption")
+    assert run.returncode == 1, run.output[-3000:]
+    message = run.messages[run.failed()[0]]
+    assert ("vllm:num_preemptions=0; per-request counts none; preempted ids per step: none;"
+            " tokens run again per request (executor): {'r") in message, message[:2000]
+    assert classify("failed", message.splitlines()[0]) == "recompute", message[:500]
+
+
+def test_a_missing_preemption_counter_is_an_error_not_a_zero(tmp_path):
+    run = run_suite(tmp_path, "suites/test_capacity.py", "-k", "one_block_below", "--model",
+                    "tiny-llama", "--target", "vllm-cpu", "--inject-fault", "hide-preemption-counter")
+    assert run.returncode == 1, run.output[-3000:]
+    message = run.messages[run.failed()[0]]
+    assert ("[check no_preemption.unrecorded] preemption signal missing: the vllm:num_preemptions"
+            " counter") in message, message[:2000]
+    assert classify("failed", message.splitlines()[0]) == "engine crash / harness error"
