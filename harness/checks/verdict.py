@@ -19,6 +19,11 @@ FULL_BATCH = "full_batch"
 NO_PREEMPTION = "no_preemption"
 PREEMPTION_SEEN = "preemption_seen"
 CAPACITY = "capacity"
+# The device's logprob of each compared token against the reference's (harness.checks.logprobs).
+LOGPROB_CLOSENESS = "logprob_closeness"
+# Teacher-forced runs (harness.checks.forcing): every position given the reference's history.
+FORCED_TOKENS = "token_equality.forced"
+FORCED_LOGPROBS = "logprob_closeness.forced"
 
 
 @dataclass(frozen=True)

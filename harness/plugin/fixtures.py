@@ -48,6 +48,9 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         kv_probe=not opt("--no-kv-probe"),
         stack=opt("--stack"),
         plan_only=opt("--hil-plan"),
+        logprob_tol=opt("--logprob-tol"),
+        logprob_tol_card=opt("--logprob-tol-card"),
+        teacher_forcing=not opt("--no-teacher-forcing"),
     )
     inv_path = opt("--inventory")
     root = device_root()
