@@ -56,6 +56,8 @@ class Case:
 CPU_CASES: tuple[Case, ...] = (
     Case("perturb-logit:position=5", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
     Case("perturb-logit:position=5", "spyre-eager-cb", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
+    Case("kernel-drift", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "logprob drift"),
+    Case("kernel-drift", "spyre-eager-cb", TOKEN, ONE_TOKEN_TEST, "logprob drift"),
     Case("forget-free", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
     Case("forget-free", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
     Case("leak-warmup-block", "spyre-eager-cb", FREEING, "after_warmup", "block leak"),

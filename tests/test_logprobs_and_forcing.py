@@ -227,3 +227,19 @@ def test_evidence_keeps_the_forced_comparison_for_the_plot() -> None:
     ev.on_trace(None, "scenario", dev)
     ev.on_forced("scenario", ref, dev, cmp_)
     assert ev.runs[0].forced is cmp_ and ev.runs[0].reference is ref
+
+
+def test_summary_md_has_the_agreement_table(tmp_path) -> None:
+    import json
+
+    from harness.report.summary import agreement_from_stats
+
+    ref = trace("ref", TOKENS)
+    tally = AgreementTally()
+    tally.add("vllm-cpu", "tiny-llama", compare_forced(ref, forced_run(ref), NearTiePolicy(),
+                                                       LogprobPolicy()))
+    (tmp_path / "main.json").write_text(json.dumps({"agreement": tally.to_dict()}))
+    (tmp_path / "broken.json").write_text("{")
+    lines = agreement_from_stats(tmp_path)
+    assert lines[2].startswith("| vllm-cpu | tiny-llama | 6 | 100.0 % | 0 |")
+    assert agreement_from_stats(tmp_path / "absent") == []
