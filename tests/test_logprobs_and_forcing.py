@@ -243,3 +243,19 @@ def test_summary_md_has_the_agreement_table(tmp_path) -> None:
     lines = agreement_from_stats(tmp_path)
     assert lines[2].startswith("| vllm-cpu | tiny-llama | 6 | 100.0 % | 0 |")
     assert agreement_from_stats(tmp_path / "absent") == []
+
+
+def test_the_report_plots_forced_runs_and_falls_back_to_the_free_run() -> None:
+    from harness.checks.tokens import compare_traces
+    from harness.plugin.allure_report import deviation_plot_of
+    from harness.report.evidence import ScenarioRun
+
+    ref = trace("ref", TOKENS)
+    dev = forced_run(ref, {4: {99: 0.95, 14: 0.01, 64: 0.04}})
+    run = ScenarioRun(config=None, scenario=None, trace=dev, reference=ref,
+                      comparison=compare_traces(ref, dev),
+                      forced=compare_forced(ref, dev, NearTiePolicy(), LogprobPolicy()))
+    assert "(1 disagreements)" in deviation_plot_of(run, "t")
+    run.forced = None  # a stack that cannot force: the free run's compared positions
+    svg = deviation_plot_of(run, "t")
+    assert svg.startswith("<svg") and "(0 disagreements)" in svg
