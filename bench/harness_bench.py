@@ -9,6 +9,7 @@ Measured in one go, on the tiny models:
   and warm, split into start-up, engine starts, engine calls, forward passes
   (the compute floor), reference, checks and reporting;
 - the same with engine reuse and the reference cache off (the naive baseline);
+- warm without the teacher-forced run (``--no-teacher-forcing``): what forcing costs;
 - one step-driven scenario with and without the per-step KV probes;
 - token equality over 10, 100 and 1000 prompts on one target (batched into one
   engine call each), with time per prompt and peak memory;
@@ -193,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = [
         pytest_run("cold", selection, cache, work / "r-cold"),
         pytest_run("warm", selection, cache, work / "r-warm"),
+        # What the teacher-forced run (in the same engine call) adds to a warm run.
+        pytest_run("warm, no teacher forcing", [*selection, "--no-teacher-forcing"], cache,
+                   work / "r-no-forcing"),
         pytest_run("naive (no engine reuse, no reference cache)",
                    [*selection, "--no-engine-reuse", "--no-reference-cache"], cache, work / "r-naive"),
         pytest_run("warm -n 1", [*selection, "-n", "1"], cache, work / "r-n1"),
@@ -209,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     result["ratios"] = {
         "naive_over_warm": round(naive["wall_s"] / warm["wall_s"], 2),
         "cold_over_warm": round(by["cold"]["wall_s"] / warm["wall_s"], 2),
+        "warm_over_no_teacher_forcing": round(
+            warm["wall_s"] / by["warm, no teacher forcing"]["wall_s"], 2),
         "n1_over_n2": round(by["warm -n 1"]["wall_s"] / by["warm -n 2"]["wall_s"], 2),
         "probe_overhead": {p["target"]: p["overhead"] for p in result["probes"]},
     }

@@ -15,6 +15,7 @@ from harness.checks.verdict import Verdict
 from harness.trace import KvSnapshot, Trace
 
 if TYPE_CHECKING:
+    from harness.checks.forcing import ForcedComparison
     from harness.checks.tokens import TraceComparison
     from harness.engine.config import EngineConfig
     from harness.scenario import Scenario
@@ -46,6 +47,10 @@ class SessionListener:
         decode: Callable[[list[int]], str] | None,
     ) -> None:
         """``trace`` was compared token by token with ``reference``."""
+
+    def on_forced(self, scenario: Scenario, reference: Trace, trace: Trace,
+                  forced: ForcedComparison) -> None:
+        """``trace``'s teacher-forced run was judged against ``reference``."""
 
     def on_verdict(self, verdict: Verdict, trace: Trace | None) -> None:
         """A check ran (on ``trace`` where it had one); recorded whether it held or not."""
@@ -97,6 +102,10 @@ class Listeners(SessionListener):
         self._each(
             lambda x: x.on_comparison(scenario, reference, trace, comparison, decode), "comparison"
         )
+
+    def on_forced(self, scenario: Scenario, reference: Trace, trace: Trace,
+                  forced: ForcedComparison) -> None:
+        self._each(lambda x: x.on_forced(scenario, reference, trace, forced), "forced")
 
     def on_verdict(self, verdict: Verdict, trace: Trace | None) -> None:
         self._each(lambda x: x.on_verdict(verdict, trace), "verdict")

@@ -83,6 +83,7 @@ def request_to_dict(r: RequestTrace) -> dict[str, Any]:
                 "token_id": s.token_id,
                 "logprob": s.logprob,
                 "top_logprobs": {str(k): v for k, v in s.top_logprobs.items()},
+                **({} if s.rank is None else {"rank": s.rank}),
             }
             for s in r.steps
         ],
@@ -97,6 +98,7 @@ def request_from_dict(d: Mapping[str, Any]) -> RequestTrace:
             token_id=int(s["token_id"]),
             logprob=float(s["logprob"]),
             top_logprobs={int(k): float(v) for k, v in s["top_logprobs"].items()},
+            rank=_opt_int(s.get("rank")),
         )
         for s in d["steps"]
     ]
@@ -118,6 +120,7 @@ def trace_to_dict(t: Trace) -> dict[str, Any]:
         "idle_at_end": t.idle_at_end,
         "metrics": dict(t.metrics),
         "info": dict(t.info),
+        "forced": {k: request_to_dict(v) for k, v in t.forced.items()},
     }
 
 
@@ -131,4 +134,5 @@ def trace_from_dict(d: Mapping[str, Any]) -> Trace:
         idle_at_end=bool(d.get("idle_at_end", False)),
         metrics={str(k): float(v) for k, v in d.get("metrics", {}).items()},
         info=dict(d.get("info", {})),
+        forced={str(k): request_from_dict(v) for k, v in d.get("forced", {}).items()},
     )

@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from harness import card, host_stack
+from harness.checks.agreement import AgreementTally
 from harness.checks.capacity import KvPool
 from harness.checks.exposure import ExposureTally
+from harness.checks.forcing import compare_forced
 from harness.checks.ledger import check_idle_ledgers, check_ledger
+from harness.checks.logprobs import compare_logprobs, logprob_policy
 from harness.checks.tokens import NearTiePolicy, compare_traces
-from harness.checks.verdict import Verdict, VerdictFailed
+from harness.checks.verdict import FORCED_TOKENS, Verdict, VerdictFailed
 from harness.engine.config import ConfigError, EngineConfig
 from harness.engine.driver import DriverSettings, EngineDriver
 from harness.engine.geometry import pool_overrides
@@ -57,6 +60,9 @@ class SessionOptions:
     stack: str = "default"
     plan_only: bool = False  # record each test's engine configuration, start nothing
     engine_replace: bool = True  # replace an engine an earlier test left dirty (else: inherited)
+    logprob_tol: float | None = None  # None: per backend (harness.checks.logprobs.DEFAULT_TOLS)
+    logprob_tol_card: float | None = None
+    teacher_forcing: bool = True
 
 
 class HilSession:
@@ -73,6 +79,8 @@ class HilSession:
         self.near_ties: list[str] = []
         # The reference's confidence per model: how much its token equality can mean.
         self.exposure = ExposureTally(opts.near_tie.prob_tol)
+        # Teacher-forced agreement per target and model, and why a stack could not force.
+        self.agreement = AgreementTally()
         self.current_test = ""
         self.test_configs: dict[str, str] = {}  # test node id -> its first engine configuration
         self.refusal_expected = False  # set by expect_refusal() around a start the test expects to fail
@@ -148,9 +156,14 @@ class HilSession:
         """Refuse requests the engine would refuse, before any engine starts."""
         self.engines.check_scenario(cfg, scenario)
 
-    def generate(self, cfg: EngineConfig, scenario: Scenario) -> Trace:
-        """Run every request of ``scenario`` in one engine call on the engine of ``cfg``."""
-        return self.engines.generate(cfg, scenario)
+    def generate(self, cfg: EngineConfig, scenario: Scenario,
+                 teacher: Trace | None = None) -> Trace:
+        """Run every request of ``scenario`` in one engine call on the engine of ``cfg``; with
+        ``teacher`` (the reference), that call also runs each request teacher-forced with the
+        reference's tokens (``Trace.forced``; off with ``--no-teacher-forcing``)."""
+        if not self.opts.teacher_forcing:
+            teacher = None
+        return self.engines.generate(cfg, scenario, teacher)
 
     def run_steps(self, cfg: EngineConfig, scenario: Scenario, probe: bool | None = None) -> Trace:
         """Drive ``scenario`` one engine step at a time, recording scheduler and KV state."""
@@ -241,6 +254,37 @@ class HilSession:
         self.listeners.on_comparison(scenario, reference, trace, comparison, model.decode)
         return verdict
 
+    def check_logprobs(self, scenario: Scenario, trace: Trace, reference: Trace) -> Verdict:
+        """Logprob closeness of the free run: every token both sides chose after the same
+        history has the reference's logprob within the backend's tolerance."""
+        with self.timers.timed("checks"):
+            policy = logprob_policy(trace.target, self.opts.logprob_tol, self.opts.logprob_tol_card)
+            return compare_logprobs(reference, trace, policy).verdict()
+
+    def check_forced(self, model: Model, scenario: Scenario, trace: Trace,
+                     reference: Trace) -> list[Verdict]:
+        """The teacher-forced run of ``trace`` (``hil.generate(..., teacher=reference)``): every
+        position's argmax equal to the reference's or a near-tie there, and its logprob of the
+        reference's token within tolerance. Where the engine cannot force, one passing verdict
+        saying so (the run summary lists it too)."""
+        reason = trace.info.get("teacher_forcing_unsupported")
+        if not self.opts.teacher_forcing:
+            reason = "off (--no-teacher-forcing)"
+        if reason or not trace.forced:
+            why = f"teacher forcing not run on {trace.target}: {reason or 'no forced output'}"
+            self.agreement.unsupported(trace.target, model.label, why)
+            if reason:
+                return [Verdict.passed(FORCED_TOKENS, why)]
+        with self.timers.timed("checks"):
+            near_tie = card.near_tie_policy(self.opts.near_tie, trace.target,
+                                            self.opts.near_tie_tol_sendnn)
+            policy = logprob_policy(trace.target, self.opts.logprob_tol, self.opts.logprob_tol_card)
+            forced = compare_forced(reference, trace, near_tie, policy)
+            verdicts = forced.verdicts()
+        self.agreement.add(trace.target, model.label, forced)
+        self.listeners.on_forced(scenario, reference, trace, forced)
+        return verdicts
+
     def check_ledger(self, trace: Trace) -> Verdict:
         """Every KV ledger invariant at every step of a step-driven ``trace``."""
         with self.timers.timed("checks"):
@@ -288,6 +332,7 @@ class HilSession:
             near_ties=list(self.near_ties),
             timers=self.timers.rounded(),
             exposure=self.exposure.to_dict(),
+            agreement=self.agreement.to_dict(),
             reference_bad=list(self.ref_cache.bad),
             cards=self._pool.cards.to_list(),
             leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],

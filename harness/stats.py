@@ -45,6 +45,7 @@ class SessionStats:
     near_ties: list[str] = field(default_factory=list)
     timers: dict[str, float] = field(default_factory=dict)
     exposure: dict[str, Any] = field(default_factory=dict)  # harness.checks.exposure tally
+    agreement: dict[str, Any] = field(default_factory=dict)  # harness.checks.agreement tally
     leases: list[str] = field(default_factory=list)
     cards: list[dict[str, Any]] = field(default_factory=list)  # per-card engine ledger
     # Engines handed between tests: restarts of dirty ones, probes, what was found

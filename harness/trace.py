@@ -33,11 +33,15 @@ class TokenStep:
 
     ``top_logprobs`` maps token id -> log-probability over the full vocabulary
     (raw model distribution, before sampling); it always contains ``token_id``.
+    ``rank`` is ``token_id``'s 1-based rank in the full distribution when the
+    engine reported it (teacher-forced steps: the forced token may be outside
+    the top-k); None otherwise.
     """
 
     token_id: int
     logprob: float
     top_logprobs: dict[int, float]
+    rank: int | None = None
 
     def prob_of(self, token_id: int) -> float | None:
         """Probability of ``token_id`` at this position, if it is in the top-k."""
@@ -176,7 +180,9 @@ class Trace:
     ``initial`` the record after start-up (step -1), and ``idle_at_end`` says the
     last step left the engine idle (the runner heard of every finished request).
     ``metrics`` holds engine counters such as ``vllm:num_preemptions``; ``info``
-    what the engine reported about itself and the run's timings.
+    what the engine reported about itself and the run's timings. ``forced`` holds,
+    per request id, the teacher-forced run (``harness.engine.forcing``): each step's
+    token is the reference's, its logprobs the device's own before forcing.
     """
 
     target: str
@@ -186,6 +192,7 @@ class Trace:
     idle_at_end: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    forced: dict[str, RequestTrace] = field(default_factory=dict)
 
     def ledger_steps(self) -> list[StepRecord]:
         """The initial record, when taken, then every engine step."""

@@ -51,6 +51,7 @@ def test_the_expected_categories_are_real_categories():
     # Each case's category is one classify() gives for a message that family produces.
     samples = {
         "token mismatch": "harness.checks.verdict.VerdictFailed: [check token_equality] token mismatch: vllm-cpu at position 5",
+        "logprob drift": "harness.checks.verdict.VerdictFailed: [check logprob_closeness] logprobs differ",
         "block leak": "harness.checks.verdict.VerdictFailed: [check kv_ledger.conservation] kv invariant conservation broken at step 3",
         "recompute": "harness.checks.verdict.VerdictFailed: [check full_batch] full batch never reached: max_num_seqs=4",
         "timeout": "harness.engine.host.EngineTimeout: engine gave no answer within 15 s; killed it",

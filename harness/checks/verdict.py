@@ -22,6 +22,11 @@ PREEMPTION_UNRECORDED = "no_preemption.unrecorded"  # a preemption signal missin
 CAPACITY = "capacity"
 # A test ran on an engine an earlier test left dirty and that could not be replaced.
 INHERITED_STATE = "inherited_state"
+# The device's logprob of each compared token against the reference's (harness.checks.logprobs).
+LOGPROB_CLOSENESS = "logprob_closeness"
+# Teacher-forced runs (harness.checks.forcing): every position given the reference's history.
+FORCED_TOKENS = "token_equality.forced"
+FORCED_LOGPROBS = "logprob_closeness.forced"
 
 
 @dataclass(frozen=True)

@@ -125,9 +125,13 @@ class EngineDriver:
         self.listener.on_trace(cfg, scenario, trace)
         return trace
 
-    def generate(self, cfg: EngineConfig, scenario: Scenario) -> Trace:
-        """Every request of ``scenario`` in one engine call."""
-        return self._run(cfg, scenario, "generate", {})
+    def generate(self, cfg: EngineConfig, scenario: Scenario,
+                 teacher: Trace | None = None) -> Trace:
+        """Every request of ``scenario`` in one engine call; with ``teacher`` (the reference),
+        the same call also runs every request teacher-forced (``Trace.forced``)."""
+        extra = {} if teacher is None else {
+            "teacher": {rid: r.token_ids for rid, r in teacher.requests.items()}}
+        return self._run(cfg, scenario, "generate", extra)
 
     def run_steps(self, cfg: EngineConfig, scenario: Scenario, probe: bool | None = None) -> Trace:
         """``scenario`` one engine step at a time, recording a StepRecord per step (with KV

@@ -83,6 +83,10 @@ class EngineSide:
         faults.apply_faults(list(config.get("faults", [])), config)
         from vllm import LLM
 
+        from harness.engine import forcing
+
+        llm_kwargs = dict(llm_kwargs)
+        self.forcing_unsupported = forcing.install(llm_kwargs)
         self.llm = LLM(**llm_kwargs)
         self.compute_seconds = 0.0
         self._time_forward_passes()
@@ -120,6 +124,8 @@ class EngineSide:
             "max_model_len": vcfg.model_config.max_model_len,
             "max_num_seqs": vcfg.scheduler_config.max_num_seqs,
             "pid": os.getpid(),
+            # None: teacher-forced requests run here; else why not.
+            "teacher_forcing_unsupported": self.forcing_unsupported,
         }
         try:
             snaps = self.snapshots()
@@ -170,7 +176,30 @@ class EngineSide:
         trace = Trace(target="", metrics=metric_delta(before, after))
         for r, out in zip(reqs, outputs, strict=True):
             trace.requests[r["request_id"]] = request_trace(r["request_id"], out, r["prompt_token_ids"])
+        if payload.get("teacher") and self.forcing_unsupported is None:
+            trace.forced = self._forced(reqs, payload["teacher"], k)
         return _answer(trace, self.compute_seconds - compute0)
+
+    def _forced(self, reqs: list[dict[str, Any]], teacher: dict[str, list[int]],
+                k: int) -> dict[str, RequestTrace]:
+        """The teacher-forced run (``harness.engine.forcing``): the requests again, in one
+        batch, each fed the reference's tokens ``teacher[request_id]``."""
+        from vllm import SamplingParams
+
+        from harness.engine.forcing import EXTRA_ARG, forced_request_trace
+
+        todo = [r for r in reqs if teacher.get(r["request_id"])]
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=len(teacher[r["request_id"]]),
+                           ignore_eos=True, logprobs=k, detokenize=False,
+                           extra_args={EXTRA_ARG: list(teacher[r["request_id"]])})
+            for r in todo
+        ]
+        prompts = [{"prompt_token_ids": list(r["prompt_token_ids"])} for r in todo]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False) if todo else []
+        self.drain()
+        return {r["request_id"]: forced_request_trace(r["request_id"], out, r["prompt_token_ids"])
+                for r, out in zip(todo, outputs, strict=True)}
 
     # -- step-driven runs -----------------------------------------------------
     def _engine_core(self) -> Any:

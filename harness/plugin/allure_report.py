@@ -178,6 +178,21 @@ def _emit_step(step: StepInfo) -> None:
     )
 
 
+def deviation_plot_of(run: Any, title: str) -> str:
+    """The deviation-by-position SVG of a compared run: the teacher-forced run's where there is
+    one (every position), else the free run's compared positions."""
+    from harness.checks.logprobs import compare_logprobs, logprob_policy
+    from harness.render.deviation_plot import deviation_svg, series_of_forced, series_of_free_run
+
+    diverged = {d.request_id: d.position for d in getattr(run.comparison, "diffs", [])
+                if d.position is not None}
+    if run.forced is not None:
+        return deviation_svg(series_of_forced(run.forced, diverged), title, run.forced.logprob.tol)
+    policy = logprob_policy(run.trace.target)
+    free = compare_logprobs(run.reference, run.trace, policy)
+    return deviation_svg(series_of_free_run(free, diverged), title, policy.tol)
+
+
 def _attach_text(body: str, name: str, kind: Any) -> None:
     if body:
         allure.attach(body, name=name, attachment_type=kind)
@@ -193,6 +208,9 @@ def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseE
             page = att.token_diff_html(run.comparison, run.reference, run.trace, title,
                                        decode=run.decode, prompts=prompts)
             _attach_text(page, "token diff" + suffix, AttachmentType.HTML)
+        if run.reference is not None and run.trace is not None:
+            _attach_text(deviation_plot_of(run, title), "deviation plot" + suffix,
+                         AttachmentType.SVG)
         steps = att.ledger_steps(run.trace) if run.trace is not None else []
         if any(d.kv for d in steps):
             _attach_text(att.ledger_csv(steps), "KV ledger" + suffix, AttachmentType.CSV)

@@ -49,6 +49,9 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         stack=opt("--stack"),
         plan_only=opt("--hil-plan"),
         engine_replace=not opt("--no-engine-replace"),
+        logprob_tol=opt("--logprob-tol"),
+        logprob_tol_card=opt("--logprob-tol-card"),
+        teacher_forcing=not opt("--no-teacher-forcing"),
     )
     inv_path = opt("--inventory")
     root = device_root()

@@ -12,6 +12,7 @@ import pytest
 
 from fixtures.models import MODEL_SPECS
 from harness.card import summary_lines
+from harness.checks.agreement import agreement_lines
 from harness.checks.exposure import exposure_lines
 from harness.engine_order import order_tests_by_engine_config
 from harness.host_stack import HOST, default_stack
@@ -149,6 +150,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--near-tie-tol-sendnn", type=float, default=0.10,
                 help="near-tie tolerance on the sendnn backend (the card computes fp16 against the"
                 " fp32 reference; default 0.10)")
+    g.addoption("--logprob-tol", type=float, default=None,
+                help="logprob closeness on the fp32 CPU paths (vllm-cpu, spyre eager): max |device -"
+                " reference| logprob of a compared token, in nats (default 0.01)")
+    g.addoption("--logprob-tol-card", type=float, default=None,
+                help="logprob closeness on cards (sendnn fp16, neuron): max |device - reference|"
+                " logprob in nats (default 0.5)")
+    g.addoption("--no-teacher-forcing", action="store_true",
+                help="skip the teacher-forced run (each request fed the reference's tokens) that"
+                " token equality adds to its engine call")
     g.addoption("--engine-timeout", type=float, default=900.0,
                 help="seconds one engine call may take before the engine is killed")
 
@@ -328,6 +338,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     near: list[str] = []
     leases: list[str] = []
     exposure: list[dict] = []
+    agreement: list[dict] = []
     bad: list[str] = []
     cards: list[dict] = []
     hygiene: list[dict] = []
@@ -339,6 +350,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         near += s["near_ties"]
         leases += s.get("leases", [])
         exposure.append(s.get("exposure", {}))
+        agreement.append(s.get("agreement", {}))
         bad += s.get("reference_bad", [])
         cards += s.get("cards", [])
         hygiene.append(s.get("hygiene", {}))
@@ -364,3 +376,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         tr.write_line(f"  near-tie: {n}")
     for line in exposure_lines(exposure):
         tr.write_line(line, yellow=line.startswith("WARNING"))
+    for line in agreement_lines(agreement, exposure):
+        tr.write_line(line)

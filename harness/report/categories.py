@@ -129,6 +129,12 @@ CATEGORIES: tuple[Category, ...] = (
         families=(checks.TOKEN_EQUALITY,),
     ),
     Category(
+        "logprob drift",
+        "the device's logprobs of the tokens it shares with the CPU reference differ beyond the"
+        " backend's tolerance (free run or teacher-forced)",
+        families=(checks.LOGPROB_CLOSENESS,),
+    ),
+    Category(
         "engine crash / harness error",
         "the engine failed to start, died or refused a call, or the harness refused the"
         " configuration or recorded nothing to check",

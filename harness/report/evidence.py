@@ -26,6 +26,7 @@ class ScenarioRun:
     reference: Trace | None = None
     comparison: Any = None  # harness.checks.tokens.TraceComparison
     decode: Callable[[list[int]], str] | None = None  # the model's, for the token diff page
+    forced: Any = None  # harness.checks.forcing.ForcedComparison, when judged
     verdicts: list[Verdict] = field(default_factory=list)
 
     @property
@@ -69,6 +70,12 @@ class CallEvidence(SessionListener):
         run.reference, run.comparison, run.decode = reference, comparison, decode
         if run.trace is None:
             run.trace = trace
+
+    def on_forced(self, scenario: Any, reference: Trace, trace: Trace, forced: Any) -> None:
+        run = self._run_of_trace(trace) or self._run_of_scenario(scenario, None)
+        run.forced = forced
+        if run.reference is None:
+            run.reference = reference
 
     def on_verdict(self, verdict: Verdict, trace: Trace | None) -> None:
         self.verdicts.append(verdict)

@@ -35,6 +35,8 @@ class RunSummary:
     problems: list[str] = field(default_factory=list)
     # Per model: near-tie exposure and top-1 probabilities of the reference (harness.checks.exposure).
     exposure: list[str] = field(default_factory=list)
+    # Teacher-forced agreement per target and model (harness.checks.agreement): table lines.
+    agreement: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -123,6 +125,8 @@ def summary_markdown(s: RunSummary, title: str = "vllm-hil run") -> str:
         lines += ["No failing tests.", ""]
     if s.exposure:
         lines += ["## Near-tie exposure", ""] + [f"- {_cell(e)}" for e in s.exposure] + [""]
+    if s.agreement:
+        lines += ["## Teacher-forced agreement", "", *s.agreement, ""]
     if s.problems:
         lines += ["## Results problems", ""] + [f"- {_cell(p)}" for p in s.problems] + [""]
     return "\n".join(lines)
@@ -136,6 +140,7 @@ def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = N
     folder = folder or load_results(results_dir)
     s = summarize(folder.tests, folder.problems)
     s.exposure = exposure_from_stats(Path(results_dir).parent / "stats")
+    s.agreement = agreement_from_stats(Path(results_dir).parent / "stats")
     text = summary_markdown(s)
     from harness.report.root_cause import root_cause_markdown
 
@@ -157,6 +162,21 @@ def stats_values(stats_dir: Path, key: str) -> list[Any]:
         except (OSError, ValueError, AttributeError):
             continue
     return values
+
+
+def agreement_from_stats(stats_dir: Path) -> list[str]:
+    """The teacher-forced agreement table from the pytest workers' stats files."""
+    from harness.checks.agreement import agreement_lines
+
+    stats = []
+    for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
+        try:
+            stats.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    stats = [s for s in stats if isinstance(s, dict)]
+    return agreement_lines([s.get("agreement") or {} for s in stats],
+                           [s.get("exposure") or {} for s in stats if s.get("exposure")])
 
 
 def exposure_from_stats(stats_dir: Path) -> list[str]:

@@ -1,0 +1,198 @@
+"""Logprob closeness: the device's logprob of each compared token is near the reference's.
+
+Identical greedy tokens can hide a numerics error: a confident model keeps its
+argmax through a few-percent error in a kernel, while the probabilities move.
+So, at every compared position (free run: the positions before the first
+divergence, where both sides chose the same token after the same history;
+teacher-forced run: every position), the device's log-probability of the
+reference's token must be within ``tol`` (absolute, in nats) of the
+reference's own. A token the device did not record at that position (outside
+its top-k) counts as an infinite deviation.
+
+Tolerances are per backend (``DEFAULT_TOLS``): the CPU paths compute in fp32
+like the reference and only differ by summation order, so their tolerance is
+tight; a card computes in fp16 or bf16, so its tolerance is wider.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from harness.checks.verdict import LOGPROB_CLOSENESS, Verdict
+from harness.trace import RequestTrace, TokenStep, Trace
+
+# Absolute logprob tolerance (nats) per backend. The fp32 CPU paths measured at most
+# 2.1e-5 against transformers on the tiny models; 0.01 leaves room for other checkpoints
+# while a 1 % error in the logits of a confident model already moves logprobs by more.
+TOL_FP32 = 0.01
+# fp16/bf16 devices against the fp32 reference: rounding of 1e-3 relative per op adds up
+# over the layers; vllm-spyre's own suite accepts logprob differences of this order.
+TOL_CARD = 0.5
+DEFAULT_TOLS = {"vllm-cpu": TOL_FP32, "eager": TOL_FP32, "sendnn": TOL_CARD, "neuron": TOL_CARD}
+
+
+@dataclass(frozen=True)
+class LogprobPolicy:
+    """How far the device's logprob of a compared token may be from the reference's."""
+
+    tol: float = TOL_FP32
+    backend: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tol >= 0.0:
+            raise ValueError(f"logprob tolerance must be >= 0, got {self.tol}")
+
+    def describe(self) -> str:
+        where = f" ({self.backend})" if self.backend else ""
+        return f"logprob tol={self.tol:g} nats{where}"
+
+
+def backend_of(target_label: str) -> str:
+    """The backend a trace's target label names: sendnn, eager, neuron or vllm-cpu."""
+    for backend in ("sendnn", "eager", "neuron"):
+        if f"-{backend}" in target_label or target_label.startswith(backend):
+            return backend
+    return "vllm-cpu"
+
+
+def logprob_policy(target_label: str, tol_fp32: float | None = None,
+                   tol_card: float | None = None) -> LogprobPolicy:
+    """The policy for a trace of ``target_label``: ``tol_fp32`` on the fp32 CPU paths
+    (vllm-cpu, spyre eager), ``tol_card`` on cards (sendnn, neuron); None: the default."""
+    backend = backend_of(target_label)
+    fp32 = backend in ("vllm-cpu", "eager")
+    given = tol_fp32 if fp32 else tol_card
+    return LogprobPolicy(DEFAULT_TOLS[backend] if given is None else given, backend)
+
+
+def own_logprob(step: TokenStep) -> float:
+    """A step's logprob of its own token, read from its top-k table where present."""
+    return step.top_logprobs.get(step.token_id, step.logprob)
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One compared position: the reference's token and both sides' logprobs of it."""
+
+    position: int
+    token_id: int
+    ref_logprob: float
+    dev_logprob: float | None  # None: not among the device's recorded logprobs
+
+    @property
+    def value(self) -> float:
+        """|dev - ref| in nats; inf when the device did not record the token (or NaN)."""
+        if self.dev_logprob is None:
+            return math.inf
+        d = abs(self.dev_logprob - self.ref_logprob)
+        return math.inf if math.isnan(d) else d
+
+
+@dataclass
+class RequestDeviations:
+    """Every compared position of one request."""
+
+    request_id: str
+    deviations: list[Deviation] = field(default_factory=list)
+
+    def largest(self) -> Deviation | None:
+        return max(self.deviations, key=lambda d: d.value, default=None)
+
+    def over(self, tol: float) -> list[Deviation]:
+        return [d for d in self.deviations if not d.value <= tol]
+
+
+def free_run_deviations(ref: RequestTrace, dev: RequestTrace) -> RequestDeviations:
+    """Positions before the first differing token (same history, same token on both sides)."""
+    out = RequestDeviations(ref.request_id)
+    for pos, (r, d) in enumerate(zip(ref.steps, dev.steps, strict=False)):
+        if r.token_id != d.token_id:
+            break
+        out.deviations.append(Deviation(pos, r.token_id, own_logprob(r),
+                                        d.top_logprobs.get(r.token_id, d.logprob)))
+    return out
+
+
+def forced_deviations(ref: RequestTrace, forced: RequestTrace) -> RequestDeviations:
+    """Every position of a teacher-forced run: the device's logprob of the reference's token."""
+    out = RequestDeviations(ref.request_id)
+    for pos, (r, f) in enumerate(zip(ref.steps, forced.steps, strict=False)):
+        dev_lp = f.top_logprobs.get(r.token_id)
+        if dev_lp is None and f.token_id == r.token_id:
+            dev_lp = f.logprob
+        out.deviations.append(Deviation(pos, r.token_id, own_logprob(r), dev_lp))
+    return out
+
+
+def _fmt(x: float) -> str:
+    return "inf (token not in the device's top-k)" if math.isinf(x) else f"{x:.4g}"
+
+
+@dataclass
+class LogprobComparison:
+    """Deviations of every request of a device trace, and the verdict on them."""
+
+    dev_target: str
+    policy: LogprobPolicy
+    requests: list[RequestDeviations]
+    check: str = LOGPROB_CLOSENESS
+    run: str = "free run"  # "free run" or "teacher-forced"
+
+    def largest(self) -> tuple[str, Deviation] | None:
+        """The largest deviation of the trace and its request."""
+        best: tuple[str, Deviation] | None = None
+        for r in self.requests:
+            d = r.largest()
+            if d is not None and (best is None or d.value > best[1].value):
+                best = (r.request_id, d)
+        return best
+
+    def num_compared(self) -> int:
+        return sum(len(r.deviations) for r in self.requests)
+
+    def _largest_text(self) -> str:
+        top = self.largest()
+        if top is None:
+            return "no position compared"
+        rid, d = top
+        return f"largest deviation {_fmt(d.value)} nats at request {rid} position {d.position}"
+
+    def verdict(self) -> Verdict:
+        tol = self.policy.tol
+        bad = [(r, r.over(tol)) for r in self.requests if r.over(tol)]
+        head = (f"{self.run}, {self.num_compared()} positions of {len(self.requests)} requests"
+                f" compared ({self.policy.describe()}): {self._largest_text()}")
+        if not bad:
+            return Verdict.passed(self.check, head)
+        n = sum(len(o) for _, o in bad)
+        why = (f"logprobs differ from the reference beyond {tol:g} nats on {self.dev_target}"
+               f" ({self.run}): {n} positions in {len(bad)} requests; {self._largest_text()}")
+        lines = [why, head, ""]
+        for r, over in bad:
+            worst = r.largest()
+            assert worst is not None
+            lines.append(f"request {r.request_id}: {len(over)} of {len(r.deviations)} positions"
+                         f" over tol; largest {_fmt(worst.value)} at position {worst.position}")
+            for d in over[:8]:
+                dev = "?" if d.dev_logprob is None else f"{d.dev_logprob:.4f}"
+                lines.append(f"  position {d.position}: token {d.token_id} reference"
+                             f" {d.ref_logprob:.4f} device {dev} deviation {_fmt(d.value)}")
+            if len(over) > 8:
+                lines.append(f"  ... {len(over) - 8} more")
+        lines.append("What to do: a numerics error on the device (kernel, dtype, layout) moves"
+                     " probabilities before it flips tokens; compare its logits with the"
+                     " reference's, or widen the tolerance (--logprob-tol / --logprob-tol-card)"
+                     " only for a known lower precision.")
+        first = bad[0][1][0]
+        return Verdict.failed(self.check, why, at=first.position, details="\n".join(lines))
+
+
+def compare_logprobs(ref: Trace, dev: Trace, policy: LogprobPolicy) -> LogprobComparison:
+    """Free run: the device's logprob of every token both sides chose after the same history.
+    Requests the device did not produce are left to token equality."""
+    reqs = [free_run_deviations(r, dev.requests[rid])
+            for rid, r in ref.requests.items() if rid in dev.requests]
+    for r, rid in zip(reqs, [k for k in ref.requests if k in dev.requests], strict=True):
+        r.request_id = rid
+    return LogprobComparison(dev.target, policy, reqs)

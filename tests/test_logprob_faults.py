@@ -1,0 +1,57 @@
+"""Numerics faults that greedy token equality alone lets through fail the suite now.
+
+- ``kernel-drift`` scales every logit by 1.03 (a final-norm gain error): the argmax never
+  changes, so the free-run tokens stay equal; logprob closeness fails ("logprob drift").
+- ``drift-after-near-tie`` takes the runner-up at the device's first own near-tie (accepted
+  by the near-tie rule, since the reference hesitates there too) and goes wrong three steps
+  later, where the free run no longer compares; the teacher-forced run, which judges every
+  position given the reference's history, fails ("token mismatch", check
+  ``token_equality.forced``).
+
+Each on vllm-cpu and spyre-eager-cb, through the real engines.
+"""
+
+import pytest
+
+from harness.report.categories import classify
+from tests.suite_runner import run_suite
+
+pytestmark = pytest.mark.e2e  # each test runs a suite in a child pytest with engines
+
+
+def first_line(message: str) -> str:
+    return message.strip().splitlines()[0]
+
+
+@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cb"])
+def test_kernel_drift_fails_logprob_closeness(tmp_path, target):
+    run = run_suite(
+        tmp_path, "suites/test_token_equality.py", "-k", "single and not one-token",
+        "--model", "tiny-llama", "--target", target, "--inject-fault", "kernel-drift",
+    )
+    assert run.returncode == 1, run.output[-3000:]
+    failed = run.failed()
+    assert len(failed) == 1, run.outcomes
+    message = run.messages[failed[0]]
+    assert "[check logprob_closeness] logprobs differ from the reference beyond 0.01" in message
+    assert "largest deviation" in message and "at request 0-" in message
+    assert "[check token_equality]" not in message  # the tokens stayed equal
+    assert classify("failed", first_line(message)) == "logprob drift", message[:500]
+
+
+@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cb"])
+def test_drift_after_a_near_tie_fails_the_teacher_forced_run(tmp_path, target):
+    run = run_suite(
+        tmp_path, "suites/test_token_equality.py", "-k", "long-prompt or block-edge",
+        "--model", "tiny-llama", "--target", target, "--inject-fault", "drift-after-near-tie",
+    )
+    assert run.returncode == 1, run.output[-3000:]
+    failed = run.failed()
+    assert failed, run.outcomes
+    for name in failed:
+        message = run.messages[name]
+        # The free run accepted the near-tie (its check passed); the forced run caught it.
+        assert "[check token_equality.forced] token mismatch given the reference's history" \
+            in message, message[:800]
+        assert classify("failed", first_line(message)) == "token mismatch"
+    assert "near-ties accepted: 0" not in run.output
