@@ -37,6 +37,28 @@ def test_late_variables_are_left_to_the_child_and_the_rest_keys_the_parent():
     assert late("VLLM_PLUGINS") and not late("TORCH_COMPILE_DISABLE") and not late("OMP_NUM_THREADS")
     # A platform parent is decided by the platform's variables, not by per-engine ones.
     assert platform_key(child) == (("VLLM_PLUGINS", "spyre"),)
+    # pytest names the running test in the environment: one parent serves every test.
+    a = parent_env({**child, "PYTEST_CURRENT_TEST": "t1 (call)"}, caller)
+    assert a == parent_env({**child, "PYTEST_CURRENT_TEST": "t2 (call)"}, caller)
+    assert platform_key({**child, "PYTEST_CURRENT_TEST": "t1"}) == platform_key(child)
+
+
+def test_parents_beyond_the_limit_are_stopped_least_recently_used_first(monkeypatch, tmp_path):
+    closed: list[str] = []
+
+    class Fake:
+        def __init__(self, name: str) -> None:
+            self.name, self.alive = name, True
+
+        def close(self) -> None:
+            closed.append(self.name)
+
+    monkeypatch.setattr(forkserver, "_servers", {})
+    monkeypatch.setattr(forkserver.ForkServer, "start",
+                        classmethod(lambda cls, python, env, cwd, log: Fake(env["K"])))
+    for name in ("a", "b", "c", "a", "d"):
+        forkserver.server_for("py", {"K": name}, str(tmp_path), tmp_path)
+    assert closed == ["b"] and len(forkserver._servers) == forkserver.MAX_PARENTS
 
 
 class _Server(forkserver.ForkServer):

@@ -50,7 +50,9 @@ READY_TIMEOUT = 300.0
 
 # Read when the engine is built (after the fork), not when modules are imported; the
 # parent's record of what its imports read backs this up.
-LATE_PREFIXES = ("VLLM_", "HIL_", "NEURON_", "AIU_", "MASTER_", "SPYRE_", "FLEX_", "DT_")
+# PYTEST_CURRENT_TEST changes with every test: it must not make a parent per test.
+LATE_PREFIXES = ("VLLM_", "HIL_", "NEURON_", "AIU_", "MASTER_", "SPYRE_", "FLEX_", "DT_", "PYTEST_")
+MAX_PARENTS = 3  # live platform-free parents per process; the least recently used is stopped
 # Read by native libraries when loaded (OpenMP, allocators, loader): always in the key.
 NATIVE_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "LD_", "MALLOC_", "PYTHON")
 
@@ -74,7 +76,7 @@ def late(name: str) -> bool:
 
 
 # Per engine, never read while preloading: not part of a platform parent's key.
-PER_ENGINE_PREFIXES = ("HIL_", "MASTER_")
+PER_ENGINE_PREFIXES = ("HIL_", "MASTER_", "PYTEST_")
 
 # What a platform parent adds, once its platform is resolved from its variables.
 PLATFORM_PRELOAD = (
@@ -534,9 +536,12 @@ def server_for(python: str, child_env: dict[str, str], cwd: str, log_dir: Path) 
         raise ForkServerError(_broken[key])
     srv = _servers.get(key)
     if srv is not None and srv.alive:
+        _servers[key] = _servers.pop(key)  # most recently used last
         return srv
     if srv is not None:
-        srv.close()
+        _servers.pop(key).close()
+    while len(_servers) >= MAX_PARENTS:
+        _servers.pop(next(iter(_servers))).close()
     try:
         srv = ForkServer.start(python, env, cwd, log_dir / f"forkserver-{os.getpid()}-{len(_servers)}.log")
     except (ForkServerError, OSError) as e:
