@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_late_variables_are_left_to_the_child_and_the_rest_keys_the_parent():
-    caller = {"PATH": "/bin", "VLLM_LOGGING_LEVEL": "INFO", "HIL_ENGINE_AUTHKEY": "x"}
+    caller = {"PATH": "/bin", "VLLM_LOGGING_LEVEL": "INFO", "HIL_ENGINE_AUTHKEY": "x",
+              "PYTEST_CURRENT_TEST": "t0 (call)"}
     child = {"PATH": "/bin", "PYTHONPATH": "/lab", "TORCH_COMPILE_DISABLE": "1",
              "VLLM_PLUGINS": "spyre", "MASTER_PORT": "1234", "HIL_ENGINE_AUTHKEY": "y"}
     env = parent_env(child, caller)

@@ -115,7 +115,7 @@ def parent_env(child_env: dict[str, str], caller: dict[str, str] | None = None) 
     except that late variables are the caller's (the target's own come at the fork)."""
     caller = dict(os.environ) if caller is None else caller
     env = {k: v for k, v in child_env.items() if not late(k)}
-    env.update({k: v for k, v in caller.items() if late(k) and not k.startswith("HIL_ENGINE_")})
+    env.update({k: v for k, v in caller.items() if late(k) and not k.startswith(PER_ENGINE_PREFIXES)})
     return env
 
 
