@@ -1,19 +1,23 @@
 """What a verdict costs: a benchmark of the harness itself.
 
-    .venv/bin/hil bench [--quick]
+    .venv/bin/hil bench [--quick] [--parts runs,starts,mission,probes,probe_by_pool,growth]
 
-Prints a table and writes reports/bench/latest.json (and a timestamped copy).
-Measured in one go, on the tiny models:
+Prints tables and writes reports/bench/latest.json (and a timestamped copy); exits 1
+when any timed run failed (its figures are then not valid). ``--parts`` runs some parts
+and keeps the others' figures from the previous latest.json. Parts, on the tiny models:
 
-- the token-equality suite on every CPU target, cold (empty reference cache)
+- starts: engine start median and p90, fresh process against forked from a preloaded
+  parent (``HIL_ENGINE_START``), over distinct vllm-cpu and spyre-eager-cb configurations;
+- mission: the whole mission suite (``pytest -m cpu suites``) cold and warm;
+- probe_by_pool: probe cost per engine step on vllm-cpu pools of 1k, 10k and 100k blocks;
+- runs: the token-equality suite on every CPU target, cold (empty reference cache)
   and warm, split into start-up, engine starts, engine calls, forward passes
-  (the compute floor), reference, checks and reporting;
-- the same with engine reuse and the reference cache off (the naive baseline);
-- warm without the teacher-forced run (``--no-teacher-forcing``): what forcing costs;
-- one step-driven scenario with and without the per-step KV probes;
-- token equality over 10, 100 and 1000 prompts on one target (batched into one
-  engine call each), with time per prompt and peak memory;
-- -n 1 against -n 2 workers.
+  (the compute floor), reference, checks and reporting; the same with engine reuse
+  and the reference cache off (the naive baseline); warm without the teacher-forced run
+  (``--no-teacher-forcing``): what forcing costs; -n 1 against -n 2 workers;
+- probes: one step-driven scenario with and without the per-step KV probes;
+- growth: token equality over 10, 100 and 1000 prompts on one target (batched into
+  one engine call each), with time per prompt and peak memory.
 
 Absolute seconds depend on the machine and its load; the ratios are the figures
 to compare across machines.
@@ -48,10 +52,11 @@ def pytest_run(label: str, args: list[str], cache: Path, reports: Path) -> dict[
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     t1 = time.time()
     tail = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1:] or [""]
-    engines, computed, timers = 0, 0, {}
+    engines, computed, timers, starts = 0, 0, {}, []
     for f in sorted((reports / "stats").glob("*.json")):
         s = json.loads(f.read_text())
         engines += s["engines_started"]
+        starts += [float(e["seconds"]) for e in s.get("engines", [])]
         computed += s["reference_misses"]
         for k, v in s.get("timers", {}).items():
             timers[k] = timers.get(k, 0.0) + v
@@ -66,10 +71,94 @@ def pytest_run(label: str, args: list[str], cache: Path, reports: Path) -> dict[
         split[k] = timers.get(k, 0.0)
     row = {"label": label, "args": args, "returncode": proc.returncode, "outcome": tail[0],
            "wall_s": round(wall, 2), "engines_started": engines, "reference_computed": computed,
-           "split_s": {k: round(v, 2) for k, v in split.items()}}
+           "split_s": {k: round(v, 2) for k, v in split.items()},
+           "engine_start_s": start_figures(starts)}
     print(f"  {label}: {row['wall_s']} s, {engines} engines, {computed} references computed"
           f" [{tail[0]}]", flush=True)
     return row
+
+
+def start_figures(seconds: list[float]) -> dict[str, Any]:
+    """Median and p90 (nearest rank) of engine start times, with the count."""
+    if not seconds:
+        return {"n": 0, "median": None, "p90": None}
+    ordered = sorted(seconds)
+    p90 = ordered[min(len(ordered) - 1, max(0, -(-9 * len(ordered) // 10) - 1))]
+    return {"n": len(ordered), "median": round(statistics.median(ordered), 2), "p90": round(p90, 2),
+            "all": [round(x, 2) for x in seconds]}
+
+
+def engine_starts(cache: Path, reports: Path, per_mode: int) -> dict[str, Any]:
+    """Engine start times, fresh process against forked from a preloaded parent: distinct
+    configurations (vllm-cpu and spyre-eager-cb alternating), so every call starts an engine."""
+    from harness.engine import forkserver
+    from harness.scenario import EngineLimits, shaped_scenario
+    from harness.variants import VARIANTS
+
+    result: dict[str, Any] = {}
+    for mode in ("fresh", "platform"):
+        os.environ[forkserver.START_ENV] = mode
+        forkserver.close_all()  # the first forked start pays the parents' imports
+        hil = session(cache, reports / mode, max_live_engines=1)
+        model = hil.model("tiny-llama")
+        try:
+            for i in range(per_mode):
+                vid = ("vllm-cpu", "spyre-eager-cb")[i % 2]
+                limits = EngineLimits(256 + 64 * (i // 2), 4)
+                cfg = VARIANTS[vid].engine_config(str(model.path), limits)
+                hil.generate(cfg, shaped_scenario("start", model.tokenizer, [(8, 2, 0)], limits))
+            seconds = [e["seconds"] for e in hil.stats().engines]
+        finally:
+            hil.close()
+        fig = start_figures(seconds)
+        fig["after_first_per_target"] = start_figures(seconds[2:])
+        result[mode] = fig
+        print(f"  engine starts, {mode}: {fig}", flush=True)
+    os.environ.pop(forkserver.START_ENV, None)
+    forkserver.close_all()
+    return result
+
+
+def probe_by_pool(cache: Path, reports: Path, sizes: list[int], repeats: int) -> list[dict[str, Any]]:
+    """Probe cost per engine step on vllm-cpu pools of ``sizes`` blocks: the same scenario
+    with and without probes, the difference divided by the steps."""
+    from harness.scenario import EngineLimits, shaped_scenario
+    from harness.variants import VARIANTS
+
+    hil = session(cache, reports, max_live_engines=1)
+    model = hil.model("tiny-llama")
+    limits = EngineLimits(256, 4, cp_chunk=128)
+    shapes = [(20 + 15 * i, 24, 0) for i in range(6)]
+    rows = []
+    try:
+        for n in sizes:
+            cfg = VARIANTS["vllm-cpu"].engine_config(str(model.path), limits, block_size=16,
+                                                     num_blocks_override=n)
+            sc = shaped_scenario("probe-pool", model.tokenizer, shapes, limits)
+            hil.run_steps(cfg, sc, probe=True)
+            on, off = [], []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                trace = hil.run_steps(cfg, sc, probe=True)
+                on.append(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                hil.run_steps(cfg, sc, probe=False)
+                off.append(time.perf_counter() - t1)
+            steps = len(trace.steps)
+            t0 = time.perf_counter()
+            hil.check_ledger(trace)
+            check_s = time.perf_counter() - t0
+            row = {"num_blocks": n, "steps": steps, "with_probe_s": round(statistics.median(on), 3),
+                   "without_probe_s": round(statistics.median(off), 3),
+                   "probe_ms_per_step": round((statistics.median(on) - statistics.median(off))
+                                              / steps * 1000, 3),
+                   "ledger_check_ms_per_step": round(check_s / steps * 1000, 3)}
+            row["overhead"] = round(row["with_probe_s"] / row["without_probe_s"] - 1, 3)
+            rows.append(row)
+            print(f"  probes at {n} blocks: {row}", flush=True)
+    finally:
+        hil.close()
+    return rows
 
 
 def session(cache: Path, reports: Path, **kw: Any) -> Any:
@@ -171,87 +260,181 @@ def fmt_table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
+PARTS = ("runs", "starts", "mission", "probes", "probe_by_pool", "growth")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one repeat (a smoke run)")
     ap.add_argument("--out", default=str(ROOT / "reports" / "bench"))
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"comma-separated parts to run (default all: {','.join(PARTS)}); the"
+                    " others keep their figures from the previous latest.json")
     args = ap.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        ap.error(f"unknown part(s) {', '.join(unknown)}; known: {', '.join(PARTS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     selection = [*SELECTION, "-k", "single or pair"] if args.quick else SELECTION
     work = Path(tempfile.mkdtemp(prefix="hil-bench-"))
     cache = work / "cache"
+    sys.path.insert(0, str(ROOT))
     from fixtures.models import build_model
 
-    build_model("tiny-llama", cache)  # model builds are not what is measured
-    result: dict[str, Any] = {
+    for name in ("tiny-llama", "tiny-granite") if "mission" in parts else ("tiny-llama",):
+        build_model(name, cache)  # model builds are not what is measured
+    latest = out / "latest.json"
+    result: dict[str, Any] = json.loads(latest.read_text()) if latest.exists() and set(parts) != set(PARTS) else {}
+    result.update({
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
                     "processor": platform.processor() or platform.machine()},
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "selection": " ".join(selection),
-    }
-    print("suite runs:", flush=True)
-    runs = [
-        pytest_run("cold", selection, cache, work / "r-cold"),
-        pytest_run("warm", selection, cache, work / "r-warm"),
-        # What the teacher-forced run (in the same engine call) adds to a warm run.
-        pytest_run("warm, no teacher forcing", [*selection, "--no-teacher-forcing"], cache,
-                   work / "r-no-forcing"),
-        pytest_run("naive (no engine reuse, no reference cache)",
-                   [*selection, "--no-engine-reuse", "--no-reference-cache"], cache, work / "r-naive"),
-        pytest_run("warm -n 1", [*selection, "-n", "1"], cache, work / "r-n1"),
-        pytest_run("warm -n 2", [*selection, "-n", "2"], cache, work / "r-n2"),
-    ]
-    result["runs"] = runs
-    print("step-driven probes:", flush=True)
-    sys.path.insert(0, str(ROOT))
-    result["probes"] = probe_overhead(cache, work / "r-probe", repeats=1 if args.quick else 5)
-    print("growth:", flush=True)
-    result["growth"] = growth(cache, work / "r-growth", [10, 100] if args.quick else [10, 100, 1000])
-    by = {r["label"]: r for r in runs}
-    naive, warm = by["naive (no engine reuse, no reference cache)"], by["warm"]
-    result["ratios"] = {
-        "naive_over_warm": round(naive["wall_s"] / warm["wall_s"], 2),
-        "cold_over_warm": round(by["cold"]["wall_s"] / warm["wall_s"], 2),
-        "warm_over_no_teacher_forcing": round(
-            warm["wall_s"] / by["warm, no teacher forcing"]["wall_s"], 2),
-        "n1_over_n2": round(by["warm -n 1"]["wall_s"] / by["warm -n 2"]["wall_s"], 2),
-        "probe_overhead": {p["target"]: p["overhead"] for p in result["probes"]},
-    }
-    for r in runs:
-        session_s = sum(v for k, v in r["split_s"].items() if k in ("engine_start", "engine_calls", "reference", "checks"))
-        r["harness_overhead_fraction"] = round(1 - r["split_s"]["engine_compute"] / r["wall_s"], 3)
-        r["measured_parts_s"] = round(session_s, 2)
+        "quick": bool(args.quick),
+    })
+    failures: list[str] = []
+
+    def part(name: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as e:  # a broken part fails the bench, the others still run
+            failures.append(f"{name}: {type(e).__name__}: {e}")
+            print(f"  {name} FAILED: {e!r}", flush=True)
+            return None
+
+    if "runs" in parts:
+        print("suite runs:", flush=True)
+        runs = [
+            pytest_run("cold", selection, cache, work / "r-cold"),
+            pytest_run("warm", selection, cache, work / "r-warm"),
+            # What the teacher-forced run (in the same engine call) adds to a warm run.
+            pytest_run("warm, no teacher forcing", [*selection, "--no-teacher-forcing"], cache,
+                       work / "r-no-forcing"),
+            pytest_run("naive (no engine reuse, no reference cache)",
+                       [*selection, "--no-engine-reuse", "--no-reference-cache"], cache, work / "r-naive"),
+            pytest_run("warm -n 1", [*selection, "-n", "1"], cache, work / "r-n1"),
+            pytest_run("warm -n 2", [*selection, "-n", "2"], cache, work / "r-n2"),
+        ]
+        result["runs"] = runs
+        failures += [f"run {r['label']}: exit {r['returncode']} [{r['outcome']}]" for r in runs
+                     if r["returncode"] != 0]
+        for r in runs:
+            session_s = sum(v for k, v in r["split_s"].items() if k in ("engine_start", "engine_calls", "reference", "checks"))
+            r["harness_overhead_fraction"] = round(1 - r["split_s"]["engine_compute"] / r["wall_s"], 3)
+            r["measured_parts_s"] = round(session_s, 2)
+    if "starts" in parts:
+        print("engine starts:", flush=True)
+        result["engine_start"] = part("starts", lambda: engine_starts(cache, work / "r-starts",
+                                                                      4 if args.quick else 8))
+    if "mission" in parts:
+        print("mission suite (pytest -m cpu suites/, every CPU target, both models):", flush=True)
+        mission_cache = work / "mission-cache"
+        for name in ("tiny-llama", "tiny-granite"):
+            build_model(name, mission_cache)
+        mission = {}
+        for label in ("cold", "warm"):
+            row = pytest_run(f"mission {label}", ["suites", "-m", "cpu"], mission_cache, work / f"r-m-{label}")
+            mission[label] = row
+            if row["returncode"] != 0:
+                failures.append(f"mission {label}: exit {row['returncode']} [{row['outcome']}]")
+        result["mission"] = mission
+    if "probes" in parts:
+        print("step-driven probes:", flush=True)
+        result["probes"] = part("probes", lambda: probe_overhead(cache, work / "r-probe",
+                                                                 repeats=1 if args.quick else 5))
+    if "probe_by_pool" in parts:
+        print("probes by pool size:", flush=True)
+        result["probe_by_pool"] = part("probe_by_pool", lambda: probe_by_pool(
+            cache, work / "r-pool", [1000, 10000, 100000], repeats=1 if args.quick else 3))
+    if "growth" in parts:
+        print("growth:", flush=True)
+        result["growth"] = part("growth", lambda: growth(cache, work / "r-growth",
+                                                         [10, 100] if args.quick else [10, 100, 1000]))
+    result["ratios"] = ratios(result)
+    result["failures"] = failures
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for name in (f"bench-{stamp}.json", "latest.json"):
         (out / name).write_text(json.dumps(result, indent=1))
-
-    rows = [["run", "wall s", "engines", "refs computed", "startup", "engine start", "engine calls",
-             "forward", "reference", "checks", "report+exit", "overhead"]]
-    for r in runs:
-        s = r["split_s"]
-        rows.append([r["label"], f"{r['wall_s']}", str(r["engines_started"]), str(r["reference_computed"]),
-                     f"{s.get('startup_and_collection', 0):.1f}", f"{s['engine_start']:.1f}",
-                     f"{s['engine_calls']:.1f}", f"{s['engine_compute']:.1f}", f"{s['reference']:.1f}",
-                     f"{s['checks']:.2f}", f"{s.get('reporting_and_exit', 0):.1f}",
-                     f"{r['harness_overhead_fraction']:.0%}"])
-    print("\n" + fmt_table(rows))
-    prow = [["probe target", "steps", "invariant checks", "with probes s", "without s", "overhead"]]
-    for p in result["probes"]:
-        prow.append([p["target"], str(p["steps"]), str(p["invariant_checks"]), str(p["with_probe_s"]),
-                     str(p["without_probe_s"]), f"{p['overhead']:.0%}"])
-    print("\n" + fmt_table(prow))
-    grow = [["prompts", "engine calls", "reference ms/prompt", "device ms/prompt", "compare ms/prompt",
-             "harness peak MiB", "engine peak RSS MiB"]]
-    for g in result["growth"]:
-        grow.append([str(g["prompts"]), str(g["engine_calls"]), str(g["reference_ms_per_prompt"]),
-                     str(g["device_ms_per_prompt"]), str(g["compare_ms_per_prompt"]),
-                     str(g["harness_peak_mib"]), str(g["engine_peak_rss_mib"])])
-    print("\n" + fmt_table(grow))
-    print(f"\nratios: {json.dumps(result['ratios'])}")
+    print_tables(result)
     print(f"written: {out / 'latest.json'}")
     shutil.rmtree(work, ignore_errors=True)
+    if failures:
+        print("hil bench: timed runs failed (their figures are not valid):\n  " + "\n  ".join(failures),
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def ratios(result: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    by = {r["label"]: r for r in result.get("runs") or []}
+    if by:
+        naive, warm = by["naive (no engine reuse, no reference cache)"], by["warm"]
+        out["naive_over_warm"] = round(naive["wall_s"] / warm["wall_s"], 2)
+        out["cold_over_warm"] = round(by["cold"]["wall_s"] / warm["wall_s"], 2)
+        out["n1_over_n2"] = round(by["warm -n 1"]["wall_s"] / by["warm -n 2"]["wall_s"], 2)
+        if "warm, no teacher forcing" in by:
+            out["warm_over_no_teacher_forcing"] = round(
+                warm["wall_s"] / by["warm, no teacher forcing"]["wall_s"], 2)
+    if result.get("probes"):
+        out["probe_overhead"] = {p["target"]: p["overhead"] for p in result["probes"]}
+    starts = result.get("engine_start") or {}
+    if starts.get("fresh", {}).get("median") and starts.get("platform", {}).get("median"):
+        out["engine_start_fresh_over_forked"] = round(starts["fresh"]["median"] / starts["platform"]["median"], 2)
+    pool = result.get("probe_by_pool") or []
+    if len(pool) >= 2 and pool[0]["probe_ms_per_step"] > 0:
+        out["probe_per_step_largest_over_smallest_pool"] = round(
+            pool[-1]["probe_ms_per_step"] / pool[0]["probe_ms_per_step"], 2)
+    return out
+
+
+def print_tables(result: dict[str, Any]) -> None:
+    runs = result.get("runs") or []
+    mission = list((result.get("mission") or {}).values())
+    if runs or mission:
+        rows = [["run", "wall s", "engines", "refs computed", "startup", "engine start", "engine calls",
+                 "forward", "reference", "checks", "report+exit", "start median", "start p90"]]
+        for r in runs + mission:
+            s = r["split_s"]
+            st = r.get("engine_start_s") or {}
+            rows.append([r["label"], f"{r['wall_s']}", str(r["engines_started"]), str(r["reference_computed"]),
+                         f"{s.get('startup_and_collection', 0):.1f}", f"{s['engine_start']:.1f}",
+                         f"{s['engine_calls']:.1f}", f"{s['engine_compute']:.1f}", f"{s['reference']:.1f}",
+                         f"{s['checks']:.2f}", f"{s.get('reporting_and_exit', 0):.1f}",
+                         str(st.get("median")), str(st.get("p90"))])
+        print("\n" + fmt_table(rows))
+    starts = result.get("engine_start") or {}
+    if starts:
+        srow = [["engine start", "n", "median s", "p90 s", "after first per target: median", "p90"]]
+        for mode, f in starts.items():
+            a = f.get("after_first_per_target") or {}
+            srow.append([mode, str(f["n"]), str(f["median"]), str(f["p90"]), str(a.get("median")),
+                         str(a.get("p90"))])
+        print("\n" + fmt_table(srow))
+    if result.get("probes"):
+        prow = [["probe target", "steps", "invariant checks", "with probes s", "without s", "overhead"]]
+        for p in result["probes"]:
+            prow.append([p["target"], str(p["steps"]), str(p["invariant_checks"]), str(p["with_probe_s"]),
+                         str(p["without_probe_s"]), f"{p['overhead']:.0%}"])
+        print("\n" + fmt_table(prow))
+    if result.get("probe_by_pool"):
+        qrow = [["pool blocks", "steps", "with probes s", "without s", "probe ms/step", "ledger check ms/step",
+                 "overhead"]]
+        for p in result["probe_by_pool"]:
+            qrow.append([str(p["num_blocks"]), str(p["steps"]), str(p["with_probe_s"]), str(p["without_probe_s"]),
+                         str(p["probe_ms_per_step"]), str(p["ledger_check_ms_per_step"]), f"{p['overhead']:.0%}"])
+        print("\n" + fmt_table(qrow))
+    if result.get("growth"):
+        grow = [["prompts", "engine calls", "reference ms/prompt", "device ms/prompt", "compare ms/prompt",
+                 "harness peak MiB", "engine peak RSS MiB"]]
+        for g in result["growth"]:
+            grow.append([str(g["prompts"]), str(g["engine_calls"]), str(g["reference_ms_per_prompt"]),
+                         str(g["device_ms_per_prompt"]), str(g["compare_ms_per_prompt"]),
+                         str(g["harness_peak_mib"]), str(g["engine_peak_rss_mib"])])
+        print("\n" + fmt_table(grow))
+    print(f"\nratios: {json.dumps(result.get('ratios'))}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
                                required, exit code 0 only when every selected test passed
     hil devices [--inventory FILE]
                                what discovery (or the inventory) found, and why not
-    hil bench [--quick]         what a run costs: the benchmark of the harness itself
+    hil bench [--quick] [--parts P,..]  what a run costs: the benchmark of the harness itself
     hil models [NAME...]       build the tiny offline models and print their folders
     hil report [--serve]       reports/allure-results -> reports/allure-report (static HTML,
                                with the previous report's history), and reports/summary.md
@@ -198,7 +198,10 @@ def _print_card_stack(inv: object) -> int:
 
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
     cmd = [sys.executable, str(ROOT / "bench" / "harness_bench.py")] + (["--quick"] if args.quick else [])
-    return subprocess.call(cmd, cwd=ROOT)
+    cmd += ["--parts", args.parts] if args.parts else []
+    # The bench imports the checkout's fixtures and harness; non-zero when a timed run failed.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.call(cmd, cwd=ROOT, env=env)
 
 
 def cmd_models(args: argparse.Namespace, extra: list[str]) -> int:
@@ -250,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     add_selftest_parser(sub, ROOT)
     b = sub.add_parser("bench", help="benchmark the harness itself (bench/harness_bench.py)")
     b.add_argument("--quick", action="store_true")
+    b.add_argument("--parts", default="", help="comma-separated parts of the bench (default all)")
     b.set_defaults(func=cmd_bench)
     m = sub.add_parser("models", help="build the tiny offline models")
     m.add_argument("names", nargs="*")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from harness.engine import forkserver
 from harness.engine.config import EngineConfig
 
 log = logging.getLogger("harness.engine")
@@ -118,14 +118,9 @@ class EngineHost:
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._logfile = open(self.log_path, "ab")
         started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [python or sys.executable, "-m", "harness.engine.process", address],
-            env=child_env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._logfile,
-            stderr=subprocess.STDOUT,
-            cwd=str(REPO_ROOT),
-        )
+        # Forked from a preloaded parent where one fits, else a fresh process.
+        self.proc = forkserver.spawn_engine(python or sys.executable, address, child_env,
+                                            str(REPO_ROOT), self.log_path, self._logfile)
         self.conn: Connection | None = None
         try:
             self.conn = self._accept(start_timeout)

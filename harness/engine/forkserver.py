@@ -1,0 +1,594 @@
+"""Engine processes forked from a preloaded parent: the imports are paid once per stack.
+
+A fresh engine process spends most of its start importing torch, transformers and
+vLLM. A fork server is a parent process (one per interpreter and start-up
+environment) that imports those once and forks one engine process per engine
+configuration. The forked child then behaves as a fresh ``python -m
+harness.engine.process`` would:
+
+- vLLM's platform and plugins are not resolved in the parent:
+  ``vllm.platforms.current_platform`` is guarded while preloading, so any module
+  whose import would resolve it is left for the child (which resolves it from its
+  own ``VLLM_PLUGINS``); a parent whose platform got resolved anyway is not used.
+- The child's environment is exactly the one a fresh process gets (the caller's,
+  PYTHONPATH included, with the target's variables on top). Variables read at import
+  time are fixed in the parent, so every variable but the late ones (``VLLM_*``,
+  ``HIL_*``, ...; read when the engine is built) is part of the parent's key: a
+  target that sets another one (``TORCH_COMPILE_DISABLE``) gets a parent of its own.
+  The parent records which variables its imports read; a child whose late variables
+  differ in one of them is started fresh instead.
+- Faults are installed in the child (``harness.engine.process`` as before), after
+  the fork, so they patch the child's copy of vLLM only.
+- Isolation: the child is its own process with its own log on stdout and stderr;
+  killing it leaves the parent alone; it dies with the parent (PR_SET_PDEATHSIG),
+  and a parent that died is seen as the child's death.
+
+``HIL_ENGINE_START=fresh`` starts every engine as a fresh process (for comparison,
+or where fork is unwanted); any failure of the fork server falls back to that.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger("harness.engine")
+
+START_ENV = "HIL_ENGINE_START"  # "platform" (default), "preload" or "fresh"
+MODES = ("platform", "preload", "fresh")
+READY_TIMEOUT = 300.0
+
+# Read when the engine is built (after the fork), not when modules are imported; the
+# parent's record of what its imports read backs this up.
+# PYTEST_CURRENT_TEST changes with every test: it must not make a parent per test.
+LATE_PREFIXES = ("VLLM_", "HIL_", "NEURON_", "AIU_", "MASTER_", "SPYRE_", "FLEX_", "DT_", "PYTEST_")
+MAX_PARENTS = 3  # live platform-free parents per process; the least recently used is stopped
+# Read by native libraries when loaded (OpenMP, allocators, loader): always in the key.
+NATIVE_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "LD_", "MALLOC_", "PYTHON")
+
+# What the parent imports: what ``from vllm import LLM`` and an engine start pull in,
+# where importable without resolving the platform. Missing modules are skipped.
+PRELOAD = (
+    "torch", "transformers", "numpy", "sympy", "openai", "aiohttp", "fastapi", "pydantic",
+    "mistral_common", "huggingface_hub", "tokenizers", "safetensors", "zmq", "gguf", "cv2",
+    "jinja2", "regex", "yaml", "PIL", "xgrammar", "triton", "torch._dynamo", "torch._inductor",
+    "transformers.models.llama.modeling_llama", "transformers.models.auto.modeling_auto",
+    "vllm", "vllm.envs", "vllm.config", "vllm.engine.arg_utils", "vllm.sampling_params",
+    "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "vllm.v1.engine.core",
+    "vllm.v1.core.sched.scheduler", "vllm.v1.core.block_pool", "vllm.v1.sample.sampler",
+    "vllm.model_executor.models.llama", "vllm.v1.worker.cpu_worker",
+    "vllm.v1.worker.cpu_model_runner",
+)
+
+
+def late(name: str) -> bool:
+    return name.startswith(LATE_PREFIXES)
+
+
+# Per engine, never read while preloading: not part of a platform parent's key.
+PER_ENGINE_PREFIXES = ("HIL_", "MASTER_", "PYTEST_")
+
+# What a platform parent adds, once its platform is resolved from its variables.
+PLATFORM_PRELOAD = (
+    "vllm.config", "vllm.engine.arg_utils", "vllm.sampling_params", "vllm.entrypoints.llm",
+    "vllm.v1.engine.llm_engine", "vllm.v1.engine.core", "vllm.v1.core.sched.scheduler",
+    "vllm.v1.core.block_pool", "vllm.v1.core.kv_cache_manager", "vllm.v1.sample.sampler",
+    "vllm.v1.executor.uniproc_executor", "vllm.model_executor.models.llama",
+    "vllm.model_executor.model_loader", "vllm.distributed.parallel_state",
+)
+# Imported only where the resolved platform is the plugin's own.
+PLUGIN_PRELOAD = {
+    "vllm.platforms.cpu": ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner"),
+    "vllm_spyre": ("vllm_spyre.v1.worker.spyre_worker", "vllm_spyre.v1.worker.spyre_model_runner",
+                   "vllm_spyre.model_executor.model_loader.spyre", "vllm_spyre.v1.core.scheduler"),
+}
+
+
+def start_mode() -> str:
+    """``platform``: fork engines from a parent that resolved their platform (itself forked
+    from the platform-free parent); ``preload``: from the platform-free parent;
+    ``fresh``: no fork server."""
+    mode = os.environ.get(START_ENV, "platform").strip() or "platform"
+    if mode not in MODES:
+        raise ValueError(f"{START_ENV}={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def platform_key(child_env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The variables that decide a platform parent: every late one but the per-engine ones."""
+    return tuple(sorted((k, v) for k, v in child_env.items()
+                        if late(k) and not k.startswith(PER_ENGINE_PREFIXES)))
+
+
+def parent_env(child_env: dict[str, str], caller: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the parent that may fork ``child_env``'s engine: the child's,
+    except that late variables are the caller's (the target's own come at the fork)."""
+    caller = dict(os.environ) if caller is None else caller
+    env = {k: v for k, v in child_env.items() if not late(k)}
+    env.update({k: v for k, v in caller.items() if late(k) and not k.startswith(PER_ENGINE_PREFIXES)})
+    return env
+
+
+# ---------------------------------------------------------------------------
+# The parent process (python -m harness.engine.forkserver ADDRESS)
+# ---------------------------------------------------------------------------
+
+
+class _PlatformTouched(BaseException):
+    """Raised (not Exception: no module may swallow it) when a preloaded module
+    resolves vLLM's platform at import time; that module is left to the child."""
+
+
+def _recording_environ(read: set[str]) -> Any:
+    """os.environ that records the names read through it (same data underneath)."""
+    base = os.environ
+
+    def note(key: object) -> None:
+        read.add(key.decode(errors="replace") if isinstance(key, bytes) else str(key))
+
+    class Recording(type(base)):  # type: ignore[misc]
+        def __getitem__(self, key: str) -> str:
+            note(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key: object) -> bool:
+            note(key)
+            return super().__contains__(key)
+
+        def get(self, key: str, default: Any = None) -> Any:
+            note(key)
+            return super().get(key, default)
+
+    rec = Recording.__new__(Recording)
+    rec.__dict__.update(base.__dict__)  # shares _data: writes stay visible both ways
+    return rec
+
+
+def preload(modules: tuple[str, ...] = PRELOAD, platform: bool = False) -> dict[str, Any]:
+    """Import ``modules`` (without resolving vLLM's platform unless ``platform``); which
+    variables were read and which modules skipped."""
+    read: set[str] = set()
+    original = os.environ
+    os.environ = _recording_environ(read)  # noqa: B003 - same data, reads recorded
+    skipped: dict[str, str] = {}
+    guard = None
+    t0 = time.monotonic()
+    try:
+        if platform:
+            from vllm.platforms import current_platform
+
+            owner = type(current_platform).__module__
+            extra = [m for k, v in PLUGIN_PRELOAD.items() if owner.startswith(k) for m in v]
+            modules = (*modules, *extra)
+        for name in modules:
+            if guard is None and not platform and name.startswith("vllm"):
+                guard = _guard_platform()
+            try:
+                __import__(name)
+            except _PlatformTouched:
+                skipped[name] = "resolves the platform at import"
+            except Exception as e:  # absent or broken on this stack: the child imports it
+                skipped[name] = f"{type(e).__name__}: {e}"[:200]
+    finally:
+        os.environ = original  # noqa: B003 - the original object back
+        if guard is not None:
+            guard()
+    resolved = _platform_resolved()
+    return {"read": sorted(read), "skipped": skipped, "platform_resolved": resolved,
+            "seconds": round(time.monotonic() - t0, 2), "pid": os.getpid()}
+
+
+def _guard_platform() -> Any:
+    """Make ``vllm.platforms.current_platform`` raise until the returned undo is called."""
+    import vllm.platforms as platforms
+
+    original = platforms.__dict__.get("__getattr__")
+
+    def guarded(name: str) -> Any:
+        if name == "current_platform" and platforms.__dict__.get("_current_platform") is None:
+            raise _PlatformTouched(name)
+        if original is None:
+            raise AttributeError(name)
+        return original(name)
+
+    platforms.__getattr__ = guarded  # type: ignore[attr-defined]
+
+    def undo() -> None:
+        if original is None:
+            del platforms.__getattr__
+        else:
+            platforms.__getattr__ = original  # type: ignore[attr-defined]
+
+    return undo
+
+
+def _platform_resolved() -> bool:
+    mod = sys.modules.get("vllm.platforms")
+    return bool(mod is not None and (mod.__dict__.get("_current_platform") is not None
+                                     or "current_platform" in mod.__dict__))
+
+
+def _set_pdeathsig() -> None:
+    """Die with the parent (Linux); elsewhere the parent's exit still closes our socket."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _child(conn: Connection, spec: dict[str, Any]) -> None:
+    """In the forked child: become the fresh engine process ``spec`` describes."""
+    code = 1
+    try:
+        _set_pdeathsig()
+        if os.getppid() == 1:
+            os._exit(1)
+        conn.close()  # the parent's socket is not ours
+        fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.close(null)
+        os.chdir(spec["cwd"])
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        import random
+
+        random.seed()  # not the parent's sequence
+        if spec.get("role") == "platform":
+            os.environ["HIL_FORKSERVER_AUTHKEY"] = spec["authkey"]
+            code = main(["", spec["address"]], platform=True)
+        else:
+            from harness.engine import process
+
+            sys.argv = [str(process.__file__), *spec["argv"]]
+            print(f"[hil] engine process {os.getpid()} forked from {os.getppid()} (preloaded)",
+                  flush=True)
+            code = process.main(sys.argv)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(conn: Connection, platform: bool = False) -> int:
+    """Fork on request; report each child's exit; exit when the host goes away."""
+    import threading
+
+    children: set[int] = set()
+    while True:
+        while children:  # reap: the host learns each exit code
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            conn.send(("exit", {"pid": pid, "code": os.waitstatus_to_exitcode(status)}))
+        try:
+            if not conn.poll(0.1):
+                continue
+            op, spec = conn.recv()
+        except (EOFError, OSError):
+            return 0
+        if op != "fork":
+            conn.send(("error", f"unknown request {op!r}"))
+            continue
+        if threading.active_count() > 1 or (_platform_resolved() and not platform):
+            conn.send(("error", "the parent is no longer fit to fork (threads or a resolved platform)"))
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(conn, spec)
+        children.add(pid)
+        conn.send(("forked", pid))
+
+
+def main(argv: list[str], platform: bool = False) -> int:
+    authkey = bytes.fromhex(os.environ.pop("HIL_FORKSERVER_AUTHKEY"))
+    conn = Client(argv[1], family="AF_UNIX", authkey=authkey)
+    try:
+        report = preload(PLATFORM_PRELOAD, platform=True) if platform else preload()
+    except BaseException as e:
+        import traceback
+
+        traceback.print_exc()
+        conn.send(("unfit", {"error": repr(e)}))
+        return 1
+    import threading
+
+    report["threads"] = threading.active_count()
+    fit = (platform or not report["platform_resolved"]) and report["threads"] == 1
+    conn.send(("ready" if fit else "unfit", report))
+    return serve(conn, platform) if fit else 1
+
+
+# ---------------------------------------------------------------------------
+# The host side
+# ---------------------------------------------------------------------------
+
+
+class ForkServerError(RuntimeError):
+    """The fork server could not start or fork; the engine is started fresh instead."""
+
+
+@dataclass
+class ForkServer:
+    """One preloaded parent process and the control connection to it."""
+
+    python: str
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes]
+    conn: Connection
+    report: dict[str, Any]
+    log_path: Path
+    exits: dict[int, int] = field(default_factory=dict)
+    _sockdir: Any = None
+    platforms: dict[Any, ForkServer] = field(default_factory=dict)
+    broken: dict[Any, str] = field(default_factory=dict)
+
+    def platform_server(self, child_env: dict[str, str], cwd: str) -> ForkServer:
+        """The parent forked from this one for the platform ``child_env`` resolves."""
+        key = platform_key(child_env)
+        if key in self.broken:
+            raise ForkServerError(self.broken[key])
+        srv = self.platforms.get(key)
+        if srv is not None and srv.alive:
+            return srv
+        env = {k: v for k, v in child_env.items() if not k.startswith(PER_ENGINE_PREFIXES)}
+        env = {**env, **{k: v for k, v in self.env.items() if k.startswith(PER_ENGINE_PREFIXES)}}
+        log_path = self.log_path.with_name(f"{self.log_path.stem}-p{len(self.platforms)}.log")
+        try:
+            srv = ForkServer.start(self.python, env, cwd, log_path, parent=self)
+        except (ForkServerError, OSError) as e:
+            self.broken[key] = str(e)
+            raise ForkServerError(str(e)) from None
+        self.platforms[key] = srv
+        return srv
+
+    @classmethod
+    def start(cls, python: str, env: dict[str, str], cwd: str, log_path: Path,
+              parent: ForkServer | None = None) -> ForkServer:
+        """A fresh parent process, or (``parent``) one forked from ``parent`` that resolves
+        its platform from ``env``."""
+        sockdir = tempfile.TemporaryDirectory(prefix="hil-fork-")
+        address = os.path.join(sockdir.name, "fork.sock")
+        authkey = secrets.token_bytes(16)
+        listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        proc: Any
+        if parent is None:
+            logf: IO[bytes] = open(log_path, "ab")
+            proc = subprocess.Popen(
+                [python, "-m", "harness.engine.forkserver", address],
+                env={**env, "HIL_FORKSERVER_AUTHKEY": authkey.hex()}, cwd=cwd,
+                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
+            logf.close()
+        else:
+            try:
+                proc = parent.fork({"role": "platform", "env": env, "cwd": cwd, "log": str(log_path),
+                                    "address": address, "authkey": authkey.hex()})
+            except BaseException:
+                listener.close()
+                sockdir.cleanup()
+                raise
+        try:
+            conn = _accept(listener, proc, READY_TIMEOUT)
+            deadline = time.monotonic() + READY_TIMEOUT
+            while not conn.poll(0.5):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise ForkServerError(f"fork server exited ({proc.poll()}) before it was ready")
+            status, report = conn.recv()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            sockdir.cleanup()
+            raise
+        finally:
+            listener.close()
+        if status != "ready":
+            proc.kill()
+            proc.wait()
+            sockdir.cleanup()
+            raise ForkServerError(f"fork server unfit: {report}")
+        log.info("fork server %s ready in %.1f s (skipped: %s)", proc.pid, report.get("seconds", 0),
+                 ", ".join(report.get("skipped", {})))
+        return cls(python, env, proc, conn, report, log_path, _sockdir=sockdir)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def conflicts(self, child_env: dict[str, str]) -> list[str]:
+        """Variables the parent's imports read whose value the child wants different."""
+        read = set(self.report.get("read", ()))
+        names = {k for k in set(child_env) | set(self.env) if child_env.get(k) != self.env.get(k)}
+        return sorted(n for n in names if n in read or not late(n))
+
+    def pump(self, timeout: float = 0.0) -> Any:
+        """Read one message (exit notices are filed); None when nothing came."""
+        if not self.conn.poll(timeout):
+            return None
+        msg = self.conn.recv()
+        if msg[0] == "exit":
+            self.exits[msg[1]["pid"]] = msg[1]["code"]
+            return None
+        return msg
+
+    def fork(self, spec: dict[str, Any], timeout: float = 30.0) -> ForkedProcess:
+        self.conn.send(("fork", spec))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.pump(0.2)
+            if msg is None:
+                if not self.alive:
+                    raise ForkServerError(f"fork server died ({self.proc.returncode})")
+                continue
+            if msg[0] == "forked":
+                return ForkedProcess(self, int(msg[1]))
+            raise ForkServerError(f"fork server refused: {msg[1]}")
+        raise ForkServerError("fork server gave no answer")
+
+    def close(self) -> None:
+        for srv in self.platforms.values():
+            srv.close()
+        self.platforms.clear()
+        try:
+            self.conn.close()
+        finally:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+            if self._sockdir is not None:
+                self._sockdir.cleanup()
+
+
+def _accept(listener: Listener, proc: subprocess.Popen[bytes], timeout: float) -> Connection:
+    import select
+
+    sock = listener._listener._socket  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.5)
+        if ready:
+            return listener.accept()
+        if proc.poll() is not None:
+            raise ForkServerError(f"fork server exited with code {proc.returncode} before connecting")
+        if time.monotonic() > deadline:
+            raise ForkServerError(f"fork server did not connect within {timeout:.0f} s")
+
+
+class ForkedProcess:
+    """A forked engine process, with the part of ``subprocess.Popen`` EngineHost uses."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server = server
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            while self.server.pump() is not None:
+                pass
+        except (EOFError, OSError):
+            pass
+        if self.pid in self.server.exits:
+            self.returncode = self.server.exits.pop(self.pid)
+        elif not self.server.alive:
+            # The parent died: PR_SET_PDEATHSIG killed the child with it.
+            self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"engine pid {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+_servers: dict[tuple[str, tuple[tuple[str, str], ...]], ForkServer] = {}
+_broken: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+
+
+def server_for(python: str, child_env: dict[str, str], cwd: str, log_dir: Path) -> ForkServer:
+    """The live fork server for this interpreter and start-up environment (started once)."""
+    env = parent_env(child_env)
+    key = (python, tuple(sorted(env.items())))
+    if key in _broken:
+        raise ForkServerError(_broken[key])
+    srv = _servers.get(key)
+    if srv is not None and srv.alive:
+        _servers[key] = _servers.pop(key)  # most recently used last
+        return srv
+    if srv is not None:
+        _servers.pop(key).close()
+    while len(_servers) >= MAX_PARENTS:
+        _servers.pop(next(iter(_servers))).close()
+    try:
+        srv = ForkServer.start(python, env, cwd, log_dir / f"forkserver-{os.getpid()}-{len(_servers)}.log")
+    except (ForkServerError, OSError) as e:
+        _broken[key] = str(e)
+        raise ForkServerError(str(e)) from None
+    _servers[key] = srv
+    return srv
+
+
+def close_all() -> None:
+    for srv in list(_servers.values()):
+        srv.close()
+    _servers.clear()
+
+
+def spawn_engine(python: str, address: str, child_env: dict[str, str], cwd: str,
+                 log_path: Path, logfile: IO[bytes]) -> Any:
+    """The engine process for ``address``: forked from a fork server where one fits,
+    else a fresh ``python -m harness.engine.process``. Returns a Popen-like object."""
+    mode = start_mode()
+    if mode != "fresh":
+        spec = {"env": child_env, "cwd": cwd, "argv": [address], "log": str(log_path)}
+        try:
+            srv = server_for(python, child_env, cwd, log_path.parent)
+            conflicts = srv.conflicts(child_env)
+            if conflicts:
+                raise ForkServerError(f"variables read at import differ: {', '.join(conflicts)}")
+            if mode == "platform":
+                try:
+                    plat = srv.platform_server(child_env, cwd)
+                    conflicts = plat.conflicts(child_env)
+                    if conflicts:
+                        raise ForkServerError(
+                            f"variables read at import differ: {', '.join(conflicts)}")
+                    return plat.fork(spec)
+                except ForkServerError as e:
+                    log.warning("engine forked before its platform was resolved: %s", e)
+            return srv.fork(spec)
+        except ForkServerError as e:
+            log.warning("engine started as a fresh process: %s", e)
+    return subprocess.Popen(
+        [python, "-m", "harness.engine.process", address],
+        env=child_env, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, cwd=cwd)
+
+
+if __name__ == "__main__":
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
