@@ -91,3 +91,20 @@ def test_negative_control_decode_growth_preempts(hil, model, target_variant, max
     trace = hil.run_steps(engine, scenario)
 
     hil.expect(check_preemption_seen(trace), hil.check_tokens(model, scenario, trace), trace=trace)
+
+
+@pytest.mark.hil_targets("cb")
+def test_negative_control_forced_preemption_is_seen(hil, model, target_variant):
+    """vllm-spyre's scheduler pool never runs out by itself (its stand-in block is
+    max_model_len long), so the fault preempt-running-once makes vLLM's KV cache manager
+    refuse one running request's decode step once: vLLM's scheduler preempts it through its
+    own preemption path and resumes it (vllm-spyre's runner, which has no preemption path,
+    drops it and prefills it again: harness.engine.spyre_resume); every signal must see it,
+    tokens must still match."""
+    scenario = full_batch_scenario(model, target_variant, 2, 64)
+    engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH,
+                               faults=["preempt-running-once"])
+
+    trace = hil.run_steps(engine, scenario)
+
+    hil.expect(check_preemption_seen(trace), hil.check_tokens(model, scenario, trace), trace=trace)

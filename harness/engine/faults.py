@@ -277,6 +277,42 @@ def silent_preemption(config: dict[str, Any]) -> None:
     Scheduler.schedule = quiet_schedule  # type: ignore[method-assign]
 
 
+def preempt_running_once(config: dict[str, Any], after: str = "2") -> None:
+    """Once, vLLM's KV cache manager refuses the blocks a running request asks for at a
+    decode step (the ``after``-th such request after start, 0-based), as a full pool would.
+    Nothing else is touched: vLLM's own scheduler then preempts through its preemption
+    path (frees the request, counts it, lists it as preempted) and resumes it later, asking
+    the executor to run its prompt and output again. A negative control for targets whose
+    pool never runs out by itself (vllm-spyre's stand-in block is max_model_len long).
+    vllm-spyre's runner has no preemption path; on vllm-spyre it gets the narrowest one
+    (harness.engine.spyre_resume): it drops the preempted request and prefills it again.
+    """
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.request import RequestStatus
+
+    original = KVCacheManager.allocate_slots
+    state = {"seen": 0, "fired": False}
+
+    def allocate_slots(self: Any, request: Any, *a: Any, **kw: Any) -> Any:
+        decoding = (request.status == RequestStatus.RUNNING
+                    and request.num_computed_tokens >= request.num_prompt_tokens)
+        if armed() and decoding and not state["fired"]:
+            if state["seen"] == int(after):
+                state["fired"] = True
+                print(f"[hil] fault preempt_running_once fired: no blocks for"
+                      f" {request.request_id} at {request.num_computed_tokens} tokens",
+                      flush=True)
+                return None
+            state["seen"] += 1
+        return original(self, request, *a, **kw)
+
+    KVCacheManager.allocate_slots = allocate_slots  # type: ignore[method-assign]
+    if config.get("target") == "spyre":
+        from harness.engine.spyre_resume import handle_preemption_in_runner
+
+        handle_preemption_in_runner(_spyre_runner_module().ContinuousBatchingSpyreModelRunner)
+
+
 def hide_preemption_counter(config: dict[str, Any]) -> None:
     """The engine's metrics lack the vllm:num_preemptions counter (a stack that does not
     export it, or stats turned off), so it must not read as zero preemptions."""
@@ -675,6 +711,7 @@ FAULTS: dict[str, FaultFn] = {
     "block-too-many": block_too_many,
     "block-too-few": block_too_few,
     "silent-preemption": silent_preemption,
+    "preempt-running-once": preempt_running_once,
     "hide-preemption-counter": hide_preemption_counter,
     "kernel-drift": kernel_drift,
     "drift-after-near-tie": drift_after_near_tie,

@@ -213,8 +213,10 @@ class EngineSide:
         """Record every SchedulerOutput (for preempted and finished ids per step)."""
         sched = self._engine_core().scheduler
         if not hasattr(self, "_sched_outputs"):
+            from harness.engine.legacy_preemptions import recorded_schedule
+
             self._sched_outputs: list[Any] = []
-            original = sched.schedule
+            original = recorded_schedule(sched)  # vLLM 0.9: adds the preemption records
 
             def schedule(*a: Any, **kw: Any) -> Any:
                 out = original(*a, **kw)
