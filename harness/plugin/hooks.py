@@ -43,6 +43,7 @@ MARKERS = {
     "block_freeing": "suite: padding and dummy KV blocks are freed",
     "capacity": "suite: KV block count can serve a full-length request",
     "hil_targets": "hil_targets(spec): limit a test's target variants (same syntax as --target)",
+    "hil_first_model": "run only on the first model of --model (a control whose cost is engine starts)",
     "nightly": "in the nightly selection (hil nightly)",
     "slow": "end to end: starts engines or child pytests (deselect with -m 'not slow')",
     "card_host": "end-to-end on the emulated card host (tools/card-host/run.sh; minutes)",
@@ -269,6 +270,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     if "model" in metafunc.fixturenames:
         models = model_values(config)
+        if metafunc.definition.get_closest_marker("hil_first_model") is not None:
+            models = models[:1]
         metafunc.parametrize("model", models, ids=[_model_id(m) for m in models], indirect=True,
                              scope="session")
     if "target_variant" in metafunc.fixturenames:
