@@ -249,11 +249,12 @@ class EngineSide:
                 raise RuntimeError("engine did not become idle within 100 steps after its requests finished")
         return steps
 
-    def snapshots(self) -> list[KvSnapshot]:
-        """The KV ledgers of this engine right now (scheduler, and runner where it has one)."""
+    def snapshots(self, tracker: Any = None) -> list[KvSnapshot]:
+        """The KV ledgers of this engine right now (scheduler, and runner where it has one);
+        with a ``DeltaTracker``, large pools may answer with deltas."""
         from harness.engine.probes import snapshot_engine
 
-        return snapshot_engine(self._engine_core())
+        return snapshot_engine(self._engine_core(), tracker)
 
     def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
         """``snapshots()`` for the host."""
@@ -268,6 +269,8 @@ class EngineSide:
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
+        from harness.engine.probe_delta import DeltaTracker
 
         probe = bool(payload.get("probe", True))
         max_steps = int(payload.get("max_steps", 2000))
@@ -285,10 +288,13 @@ class EngineSide:
         def scenario_ids(ids: Any) -> list[str]:
             return [scenario_id(str(i)) for i in ids or ()]
 
-        def kv() -> list[KvSnapshot]:
+        tracker = DeltaTracker()
+
+        def kv(last: bool = False) -> list[KvSnapshot]:
             if not probe:
                 return []
-            snaps = self.snapshots()
+            tracker.force_full = last  # the idle point gets a full snapshot
+            snaps = self.snapshots(tracker)
             for snap in snaps:
                 snap.owned = {scenario_id(k): v for k, v in snap.owned.items()}
                 if snap.reserved is not None:
@@ -347,7 +353,7 @@ class EngineSide:
                                  for rid, req in sched.requests.items()},
                     num_scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
                     tkv=getattr(runner, "tkv", None),
-                    kv=kv(),
+                    kv=kv(last=not (pending or sched.has_requests())),
                     executed={scenario_id(r): n for r, n in executed.take().items()},
                 )
             )
