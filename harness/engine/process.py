@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from multiprocessing.connection import Client, Connection
 from typing import Any
@@ -66,8 +67,11 @@ def request_trace(
     )
 
 
-def _answer(trace: Trace, compute_seconds: float) -> dict[str, Any]:
-    return {"trace": trace_to_dict(trace), "compute_seconds": compute_seconds}
+def _answer(trace: Trace, compute_seconds: float, probe_seconds: float | None = None) -> dict[str, Any]:
+    answer = {"trace": trace_to_dict(trace), "compute_seconds": compute_seconds}
+    if probe_seconds is not None:  # time spent reading KV ledgers (step-driven runs)
+        answer["probe_seconds"] = probe_seconds
+    return answer
 
 
 class EngineSide:
@@ -289,10 +293,13 @@ class EngineSide:
             return [scenario_id(str(i)) for i in ids or ()]
 
         tracker = DeltaTracker()
+        probe_seconds = 0.0
 
         def kv(last: bool = False) -> list[KvSnapshot]:
+            nonlocal probe_seconds
             if not probe:
                 return []
+            t0 = time.perf_counter()
             tracker.force_full = last  # the idle point gets a full snapshot
             snaps = self.snapshots(tracker)
             for snap in snaps:
@@ -302,6 +309,7 @@ class EngineSide:
                 if snap.serving is not None:
                     snap.serving = [scenario_id(k) for k in snap.serving]
                 snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
+            probe_seconds += time.perf_counter() - t0
             return snaps
 
         pending = sorted(payload["requests"], key=lambda r: int(r.get("arrival_step", 0)))
@@ -370,7 +378,7 @@ class EngineSide:
         for rid, out in finals.items():
             sid = scenario_id(rid)
             trace.requests[sid] = request_trace(sid, out, [], preemptions.get(sid, 0))
-        return _answer(trace, self.compute_seconds - compute0)
+        return _answer(trace, self.compute_seconds - compute0, probe_seconds)
 
     def metrics(self, _payload: Any = None) -> dict[str, float]:
         return metric_values(self.llm)
