@@ -67,10 +67,11 @@ def request_trace(
     )
 
 
-def _answer(trace: Trace, compute_seconds: float, probe_seconds: float | None = None) -> dict[str, Any]:
-    answer = {"trace": trace_to_dict(trace), "compute_seconds": compute_seconds}
-    if probe_seconds is not None:  # time spent reading KV ledgers (step-driven runs)
-        answer["probe_seconds"] = probe_seconds
+def _answer(trace: Trace, compute_seconds: float,
+            probe: dict[str, float] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {"trace": trace_to_dict(trace), "compute_seconds": compute_seconds}
+    if probe is not None:  # time spent reading KV ledgers (step-driven runs)
+        answer["probe"] = probe
     return answer
 
 
@@ -293,10 +294,10 @@ class EngineSide:
             return [scenario_id(str(i)) for i in ids or ()]
 
         tracker = DeltaTracker()
-        probe_seconds = 0.0
+        # Reads where some pool was read in full, and reads that were deltas only.
+        probe_cost = {"full_reads": 0, "full_seconds": 0.0, "delta_reads": 0, "delta_seconds": 0.0}
 
         def kv(last: bool = False) -> list[KvSnapshot]:
-            nonlocal probe_seconds
             if not probe:
                 return []
             t0 = time.perf_counter()
@@ -309,7 +310,9 @@ class EngineSide:
                 if snap.serving is not None:
                     snap.serving = [scenario_id(k) for k in snap.serving]
                 snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
-            probe_seconds += time.perf_counter() - t0
+            kind = "delta" if all(k.free_taken is not None for k in snaps) else "full"
+            probe_cost[f"{kind}_reads"] += 1
+            probe_cost[f"{kind}_seconds"] += time.perf_counter() - t0
             return snaps
 
         pending = sorted(payload["requests"], key=lambda r: int(r.get("arrival_step", 0)))
@@ -378,7 +381,7 @@ class EngineSide:
         for rid, out in finals.items():
             sid = scenario_id(rid)
             trace.requests[sid] = request_trace(sid, out, [], preemptions.get(sid, 0))
-        return _answer(trace, self.compute_seconds - compute0, probe_seconds)
+        return _answer(trace, self.compute_seconds - compute0, probe_cost if probe else None)
 
     def metrics(self, _payload: Any = None) -> dict[str, float]:
         return metric_values(self.llm)
