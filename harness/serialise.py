@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, fields
 from typing import Any
 
+from harness.kv_delta import expand_deltas
 from harness.trace import KvSnapshot, RequestTrace, StepRecord, TokenStep, Trace
 
 
@@ -45,7 +46,13 @@ def snapshot_from_dict(d: Mapping[str, Any]) -> KvSnapshot:
         ref_counts=None if ref_counts is None else {int(k): int(v) for k, v in ref_counts.items()},
         prefix_caching=bool(d.get("prefix_caching", False)),
         serving=None if d.get("serving") is None else [str(r) for r in d["serving"]],
+        free_taken=_opt_ints(d.get("free_taken")),
+        free_returned=_opt_ints(d.get("free_returned")),
     )
+
+
+def _opt_ints(values: Any) -> list[int] | None:
+    return None if values is None else [int(b) for b in values]
 
 
 def step_to_dict(s: StepRecord) -> dict[str, Any]:
@@ -125,8 +132,9 @@ def trace_to_dict(t: Trace) -> dict[str, Any]:
 
 
 def trace_from_dict(d: Mapping[str, Any]) -> Trace:
+    """Inverse of ``trace_to_dict``; delta KV snapshots come back as full ones."""
     initial = d.get("initial")
-    return Trace(
+    trace = Trace(
         target=str(d.get("target", "")),
         requests={str(k): request_from_dict(v) for k, v in d.get("requests", {}).items()},
         steps=[step_from_dict(s) for s in d.get("steps", [])],
@@ -136,3 +144,5 @@ def trace_from_dict(d: Mapping[str, Any]) -> Trace:
         info=dict(d.get("info", {})),
         forced={str(k): request_from_dict(v) for k, v in d.get("forced", {}).items()},
     )
+    expand_deltas(trace)
+    return trace

@@ -114,6 +114,11 @@ class KvSnapshot:
     # Requests the runner is serving, from its own request table (not its reservations);
     # None where unknown. A reservation of a request not served is a leaked one.
     serving: list[str] | None = None
+    # Set only on the wire by a delta probe (harness.engine.probe_delta): blocks that left
+    # and joined the free list since the previous snapshot; free_blocks is then empty and
+    # ref_counts partial until harness.kv_delta.expand_deltas rebuilds them.
+    free_taken: list[int] | None = None
+    free_returned: list[int] | None = None
 
     def free_count(self) -> int:
         """Distinct usable (non-pad) blocks in the free list."""

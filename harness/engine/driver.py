@@ -120,6 +120,8 @@ class EngineDriver:
         trace.target = cfg.label
         timing = "generate_seconds" if op == "generate" else "run_seconds"
         trace.info = {**host.info, timing: round(time.monotonic() - t0, 3)}
+        if "probe" in result:  # engine-side KV probe time of a step-driven run
+            trace.info["probe"] = result["probe"]
         if self.hygiene is not None:
             self.hygiene.after_trace(cfg, trace)
         self.listener.on_trace(cfg, scenario, trace)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from harness.engine.probe_delta import DeltaTracker
 from harness.trace import (
     SOURCE_SPYRE_LEGACY_RUNNER,
     SOURCE_SPYRE_RUNNER,
@@ -109,39 +110,50 @@ def _pool_snapshot(
     reported_free: int | None,
     tkv: int | None,
     block_size: int | None,
+    tracker: DeltaTracker | None = None,
 ) -> KvSnapshot:
     null_block = getattr(pool, "null_block", None)
     pad = [int(null_block.block_id)] if null_block is not None else []
     num_blocks = len(pool.blocks)
-    free = _walk_free_queue(pool.free_block_queue, num_blocks)
     owned = _owned_from_managers(managers, null_block)
-    return KvSnapshot(
+    counted = int(pool.free_block_queue.num_free_blocks)
+    snap = KvSnapshot(
         source=source,
         num_blocks=num_blocks,
         pad_blocks=pad,
-        free_blocks=free,
         owned=owned,
         dummy_ids=_dummy_ids(owned, reserved or {}),
         reserved=reserved,
         reported_free=reported_free,
         tkv=tkv,
         block_size=block_size,
-        counted_free=int(pool.free_block_queue.num_free_blocks),
-        ref_counts=_ref_counts(pool, owned, pad),
+        counted_free=counted,
         prefix_caching=bool(getattr(pool, "enable_caching", False)),
     )
+    owned_ids = {b for ids in owned.values() for b in ids} - set(pad) if tracker else set()
+    delta = tracker.delta(source, pool, owned_ids, counted) if tracker else None
+    if delta is not None:  # O(owned): the host rebuilds the free list (harness.kv_delta)
+        snap.free_taken, snap.free_returned = delta.taken, delta.returned
+        snap.ref_counts = delta.ref_counts
+        return snap
+    snap.free_blocks = _walk_free_queue(pool.free_block_queue, num_blocks)
+    snap.ref_counts = _ref_counts(pool, owned, pad)
+    if tracker:
+        tracker.record_full(source, owned_ids, counted)
+    return snap
 
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def snapshot_vllm_scheduler(scheduler: Any) -> KvSnapshot:
+def snapshot_vllm_scheduler(scheduler: Any, tracker: DeltaTracker | None = None) -> KvSnapshot:
     """Read a vLLM V1 ``Scheduler``'s block ledger without changing it.
 
     vLLM's scheduler reads its pool directly, so ``reported_free`` and ``reserved``
     are None; ``counted_free`` is the pool counter its admission uses. Null-block
     placeholders of sliding-window, chunked-local and Mamba managers are not owned.
+    With ``tracker``, a large pool's snapshot may be a delta (``harness.engine.probe_delta``).
     """
     kvm = scheduler.kv_cache_manager
     pool = kvm.block_pool
@@ -155,10 +167,11 @@ def snapshot_vllm_scheduler(scheduler: Any) -> KvSnapshot:
         reported_free=None,
         tkv=_opt_int(getattr(scheduler, "tkv", None)),
         block_size=_opt_int(block_size),
+        tracker=tracker,
     )
 
 
-def snapshot_spyre_runner(runner: Any) -> KvSnapshot:
+def snapshot_spyre_runner(runner: Any, tracker: DeltaTracker | None = None) -> KvSnapshot:
     """Read a vllm-spyre 1.x continuous-batching runner's ledger without changing it.
 
     Works for ``ContinuousBatchingSpyreModelRunner`` and ``ChunkedPrefillModelRunner``.
@@ -189,6 +202,7 @@ def snapshot_spyre_runner(runner: Any) -> KvSnapshot:
         reported_free=reported,
         tkv=_opt_int(getattr(runner, "tkv", None)),
         block_size=_opt_int(getattr(runner, "block_size", None)),
+        tracker=tracker,
     )
     # The runner's request table, read apart from its reservations (check_reported_free).
     table = getattr(runner, "requests", None)
@@ -280,18 +294,19 @@ def is_legacy_spyre_runner(runner: Any) -> bool:
     )
 
 
-def snapshot_engine(engine_core: Any) -> list[KvSnapshot]:
+def snapshot_engine(engine_core: Any, tracker: DeltaTracker | None = None) -> list[KvSnapshot]:
     """Snapshots of an in-process vLLM ``EngineCore``: the scheduler's, then the runner's.
 
     The runner (``model_executor.driver_worker.worker.model_runner``) is read only
     when it is a vllm-spyre continuous-batching runner, new or legacy, recognised by
-    its attributes. With vllm-spyre the scheduler's pool is a stand-in.
+    its attributes. With vllm-spyre the scheduler's pool is a stand-in. ``tracker``
+    (one per step-driven run) lets large pools send deltas; legacy runners are always full.
     """
-    snaps = [snapshot_vllm_scheduler(engine_core.scheduler)]
+    snaps = [snapshot_vllm_scheduler(engine_core.scheduler, tracker)]
     runner = _model_runner(engine_core)
     if runner is not None:
         if is_spyre_runner(runner):
-            snaps.append(snapshot_spyre_runner(runner))
+            snaps.append(snapshot_spyre_runner(runner, tracker))
         elif is_legacy_spyre_runner(runner):
             snaps.append(snapshot_legacy_spyre_runner(runner))
     return snaps

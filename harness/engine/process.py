@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from multiprocessing.connection import Client, Connection
 from typing import Any
@@ -66,8 +67,12 @@ def request_trace(
     )
 
 
-def _answer(trace: Trace, compute_seconds: float) -> dict[str, Any]:
-    return {"trace": trace_to_dict(trace), "compute_seconds": compute_seconds}
+def _answer(trace: Trace, compute_seconds: float,
+            probe: dict[str, float] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {"trace": trace_to_dict(trace), "compute_seconds": compute_seconds}
+    if probe is not None:  # time spent reading KV ledgers (step-driven runs)
+        answer["probe"] = probe
+    return answer
 
 
 class EngineSide:
@@ -251,11 +256,12 @@ class EngineSide:
                 raise RuntimeError("engine did not become idle within 100 steps after its requests finished")
         return steps
 
-    def snapshots(self) -> list[KvSnapshot]:
-        """The KV ledgers of this engine right now (scheduler, and runner where it has one)."""
+    def snapshots(self, tracker: Any = None) -> list[KvSnapshot]:
+        """The KV ledgers of this engine right now (scheduler, and runner where it has one);
+        with a ``DeltaTracker``, large pools may answer with deltas."""
         from harness.engine.probes import snapshot_engine
 
-        return snapshot_engine(self._engine_core())
+        return snapshot_engine(self._engine_core(), tracker)
 
     def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
         """``snapshots()`` for the host."""
@@ -270,6 +276,8 @@ class EngineSide:
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
+        from harness.engine.probe_delta import DeltaTracker
 
         probe = bool(payload.get("probe", True))
         max_steps = int(payload.get("max_steps", 2000))
@@ -287,10 +295,16 @@ class EngineSide:
         def scenario_ids(ids: Any) -> list[str]:
             return [scenario_id(str(i)) for i in ids or ()]
 
-        def kv() -> list[KvSnapshot]:
+        tracker = DeltaTracker()
+        # Reads where some pool was read in full, and reads that were deltas only.
+        probe_cost = {"full_reads": 0, "full_seconds": 0.0, "delta_reads": 0, "delta_seconds": 0.0}
+
+        def kv(last: bool = False) -> list[KvSnapshot]:
             if not probe:
                 return []
-            snaps = self.snapshots()
+            t0 = time.perf_counter()
+            tracker.force_full = last  # the idle point gets a full snapshot
+            snaps = self.snapshots(tracker)
             for snap in snaps:
                 snap.owned = {scenario_id(k): v for k, v in snap.owned.items()}
                 if snap.reserved is not None:
@@ -298,6 +312,9 @@ class EngineSide:
                 if snap.serving is not None:
                     snap.serving = [scenario_id(k) for k in snap.serving]
                 snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
+            kind = "delta" if all(k.free_taken is not None for k in snaps) else "full"
+            probe_cost[f"{kind}_reads"] += 1
+            probe_cost[f"{kind}_seconds"] += time.perf_counter() - t0
             return snaps
 
         pending = sorted(payload["requests"], key=lambda r: int(r.get("arrival_step", 0)))
@@ -349,7 +366,7 @@ class EngineSide:
                                  for rid, req in sched.requests.items()},
                     num_scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
                     tkv=getattr(runner, "tkv", None),
-                    kv=kv(),
+                    kv=kv(last=not (pending or sched.has_requests())),
                     executed={scenario_id(r): n for r, n in executed.take().items()},
                 )
             )
@@ -366,7 +383,7 @@ class EngineSide:
         for rid, out in finals.items():
             sid = scenario_id(rid)
             trace.requests[sid] = request_trace(sid, out, [], preemptions.get(sid, 0))
-        return _answer(trace, self.compute_seconds - compute0)
+        return _answer(trace, self.compute_seconds - compute0, probe_cost if probe else None)
 
     def metrics(self, _payload: Any = None) -> dict[str, float]:
         return metric_values(self.llm)
