@@ -151,6 +151,7 @@ def probe_by_pool(cache: Path, reports: Path, sizes: list[int], repeats: int) ->
             t0 = time.perf_counter()
             hil.check_ledger(trace)
             check_s = time.perf_counter() - t0
+            by_kind = ledger_check_by_kind(trace)
             row = {"num_blocks": n, "steps": steps, "with_probe_s": round(statistics.median(on), 3),
                    "without_probe_s": round(statistics.median(off), 3),
                    # Engine-side ledger reads, timed where they run: the with/without
@@ -158,13 +159,37 @@ def probe_by_pool(cache: Path, reports: Path, sizes: list[int], repeats: int) ->
                    **probe_read_figures(read, steps),
                    "with_minus_without_ms_per_step": round(
                        (statistics.median(on) - statistics.median(off)) / steps * 1000, 3),
-                   "ledger_check_ms_per_step": round(check_s / steps * 1000, 3)}
+                   "ledger_check_ms_per_step": round(check_s / steps * 1000, 3),
+                   **by_kind}
             row["overhead"] = round(row["with_probe_s"] / row["without_probe_s"] - 1, 3)
+            row["probe_and_check_ms_per_step"] = round(
+                row["probe_ms_per_step"] + row["ledger_check_ms_per_delta_step"], 3)
             rows.append(row)
             print(f"  probes at {n} blocks: {row}", flush=True)
     finally:
         hil.close()
     return rows
+
+
+def ledger_check_by_kind(trace: Any) -> dict[str, Any]:
+    """The per-step ledger checks timed apart on steps read as deltas and steps read in
+    full (start, checkpoints, idle): a delta step's check must not grow with the pool.
+    On pools read in full every step the per-step figure is that of a full step."""
+    from harness.checks.ledger import check_step
+
+    spent: dict[str, list[float]] = {"delta": [], "full": []}
+    for record in trace.ledger_steps():
+        kind = "delta" if any(s.delta_view is not None for s in record.kv) else "full"
+        t0 = time.perf_counter()
+        for s in record.kv:
+            check_step(s, record.step)
+        spent[kind].append(time.perf_counter() - t0)
+
+    def ms(values: list[float]) -> float:
+        return round(statistics.median(values) * 1000, 3) if values else 0.0
+
+    return {"ledger_check_ms_per_delta_step": ms(spent["delta"] or spent["full"]),
+            "ledger_check_ms_per_full_step": ms(spent["full"]), "full_steps": len(spent["full"])}
 
 
 def probe_read_figures(reads: list[dict[str, Any]], steps: int) -> dict[str, Any]:
@@ -407,6 +432,9 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
     if len(pool) >= 2 and pool[0]["probe_ms_per_step"] > 0:
         out["probe_per_step_largest_over_smallest_pool"] = round(
             pool[-1]["probe_ms_per_step"] / pool[0]["probe_ms_per_step"], 2)
+    if len(pool) >= 2 and pool[0].get("probe_and_check_ms_per_step"):
+        out["probe_and_check_per_step_largest_over_smallest_pool"] = round(
+            pool[-1]["probe_and_check_ms_per_step"] / pool[0]["probe_and_check_ms_per_step"], 2)
     return out
 
 
@@ -442,12 +470,13 @@ def print_tables(result: dict[str, Any]) -> None:
     if result.get("probe_by_pool"):
         qrow = [["pool blocks", "steps", "with probes s", "without s", "probe ms/step", "full reads",
                  "ms/full read", "all reads ms/step", "with-without ms/step", "ledger check ms/step",
-                 "overhead"]]
+                 "check ms/delta step", "probe+check ms/step", "overhead"]]
         for p in result["probe_by_pool"]:
             qrow.append([str(p["num_blocks"]), str(p["steps"]), str(p["with_probe_s"]), str(p["without_probe_s"]),
                          str(p["probe_ms_per_step"]), str(p.get("full_reads")), str(p.get("ms_per_full_read")),
                          str(p.get("probe_ms_per_step_all_reads")), str(p.get("with_minus_without_ms_per_step")),
-                         str(p["ledger_check_ms_per_step"]), f"{p['overhead']:.0%}"])
+                         str(p["ledger_check_ms_per_step"]), str(p.get("ledger_check_ms_per_delta_step")),
+                         str(p.get("probe_and_check_ms_per_step")), f"{p['overhead']:.0%}"])
         print("\n" + fmt_table(qrow))
     if result.get("growth"):
         grow = [["prompts", "engine calls", "reference ms/prompt", "device ms/prompt", "compare ms/prompt",

@@ -8,7 +8,7 @@ else reads the typed records of ``harness.trace``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any
 
 from harness.kv_delta import expand_deltas
@@ -21,9 +21,20 @@ def _opt_int(value: Any) -> int | None:
 
 def snapshot_to_dict(s: KvSnapshot) -> dict[str, Any]:
     """A JSON-serialisable dict (all mapping keys are strings)."""
-    d = asdict(s)
-    if s.ref_counts is not None:
-        d["ref_counts"] = {str(k): v for k, v in s.ref_counts.items()}
+    # Field by field with shallow copies: asdict's deep copy costs 150 ms on a pool of
+    # 100k blocks. The host's view of a delta (delta_view) is rebuilt on reading.
+    d: dict[str, Any] = {}
+    for f in fields(s):
+        v = getattr(s, f.name)
+        if f.name == "delta_view":
+            continue
+        if f.name == "ref_counts" and v is not None:
+            v = {str(k): n for k, n in v.items()}
+        elif f.name == "owned":
+            v = {k: list(ids) for k, ids in v.items()}
+        elif isinstance(v, (list, dict)):
+            v = v.copy()
+        d[f.name] = v
     return d
 
 

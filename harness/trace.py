@@ -83,6 +83,21 @@ class RequestTrace:
         return request_from_dict(d)
 
 
+@dataclass(frozen=True)
+class DeltaView:
+    """What the ledger checks need of a delta snapshot's free list (``harness.kv_delta``).
+
+    ``free_len`` is the free list's length; ``free_hits`` the blocks among those the step
+    touched, those owned before or now, and the pad blocks that are in it (the only
+    blocks whose place can have changed since the previous snapshot); ``nowhere`` the
+    non-pad blocks neither free nor owned.
+    """
+
+    free_len: int
+    free_hits: frozenset[int]
+    nowhere: frozenset[int]
+
+
 @dataclass
 class KvSnapshot:
     """One KV block ledger at one moment.
@@ -114,14 +129,27 @@ class KvSnapshot:
     # Requests the runner is serving, from its own request table (not its reservations);
     # None where unknown. A reservation of a request not served is a leaked one.
     serving: list[str] | None = None
-    # Set only on the wire by a delta probe (harness.engine.probe_delta): blocks that left
-    # and joined the free list since the previous snapshot; free_blocks is then empty and
-    # ref_counts partial until harness.kv_delta.expand_deltas rebuilds them.
+    # Set by a delta probe (harness.engine.probe_delta): blocks that left and joined the
+    # free list since the previous snapshot; free_blocks stays empty (the host gives the
+    # snapshot a delta_view, harness.kv_delta) and ref_counts holds only the blocks owned
+    # now or at the previous snapshot.
     free_taken: list[int] | None = None
     free_returned: list[int] | None = None
+    # Set by the host for a delta snapshot (harness.kv_delta.expand_deltas), never sent.
+    delta_view: DeltaView | None = field(default=None, compare=False, repr=False)
+
+    def is_delta(self) -> bool:
+        """A delta probe's snapshot: ``free_blocks`` is empty, see ``delta_view``."""
+        return self.free_taken is not None or self.free_returned is not None
+
+    def free_len(self) -> int:
+        """Length of the free list, duplicates included."""
+        return self.delta_view.free_len if self.delta_view is not None else len(self.free_blocks)
 
     def free_count(self) -> int:
         """Distinct usable (non-pad) blocks in the free list."""
+        if self.delta_view is not None:  # a rebuilt free list has no repeats
+            return self.delta_view.free_len - len(self.delta_view.free_hits & set(self.pad_blocks))
         return len(set(self.free_blocks) - set(self.pad_blocks))
 
     def owned_count(self) -> int:
@@ -138,7 +166,7 @@ class KvSnapshot:
         rep = "" if self.reported_free is None else f" reported={self.reported_free}"
         tkv = "" if self.tkv is None else f" tkv={self.tkv}"
         return (
-            f"{self.source}: {self.num_blocks} blocks, free={len(self.free_blocks)}{rep}"
+            f"{self.source}: {self.num_blocks} blocks, free={self.free_len()}{rep}"
             f" pad={self.pad_blocks} owned[{owners}]{tkv}"
         )
 

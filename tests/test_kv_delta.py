@@ -1,15 +1,17 @@
-"""Delta KV snapshots of large pools: the host's rebuilt ledger equals a full probe's.
+"""Delta KV snapshots of large pools: the host's view of them equals a full probe's.
 
 A fake vLLM block pool (linked free list between sentinel blocks, a free counter,
 ref counts) is driven through allocations, frees and faults; every step is read once
 with a ``DeltaTracker`` and once in full, and the deltas, sent through the wire
-format and rebuilt, must give the same free set, counts and ref counts, and the
-ledger checks must flag a fault at the same step.
+format and followed on the host, must give the same free count, free membership of
+every owned, pad and touched block, blocks that are nowhere, and ref counts, and the
+ledger checks must flag a fault at the same step with the same message.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import random
+from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
@@ -81,7 +83,7 @@ class Engine:
             self.req_to_blocks[req].append(b)
 
     def free(self, req: str) -> None:
-        for b in reversed(self.req_to_blocks.pop(req)):
+        for b in reversed(self.req_to_blocks.pop(req, [])):
             b.ref_cnt -= 1
             if b.ref_cnt == 0:
                 self.pool.append(b)
@@ -120,9 +122,20 @@ def deltas(trace: Trace) -> int:
     return sum(1 for r in trace.steps for s in r.kv if s.free_taken is not None)
 
 
-def ledger(s: KvSnapshot) -> tuple[Any, ...]:
-    return (sorted(s.free_blocks), Counter(s.free_blocks), s.counted_free, s.ref_counts,
-            s.owned)
+def ledger(s: KvSnapshot, full: KvSnapshot) -> tuple[Any, ...]:
+    """What the checks read of ``s``, with free membership asked for the blocks ``full``
+    (the same step read in full) has owned, pad or free."""
+    if s.delta_view is not None:
+        members, nowhere = s.delta_view.free_hits, s.delta_view.nowhere
+        assert members <= set(full.free_blocks)
+    else:
+        members = set(s.free_blocks)
+        nowhere = {b for b in range(s.num_blocks) if b not in members and b not in s.pad_blocks
+                   and all(b not in ids for ids in s.owned.values())}
+    asked = {b for ids in full.owned.values() for b in ids} | set(full.pad_blocks)
+    refs = {b: (s.ref_counts or {}).get(b, 0) for b in asked | set(s.ref_counts or {})}
+    return (s.free_len(), s.free_count(), {b for b in asked if b in members}, set(nowhere),
+            s.counted_free, refs, s.owned)
 
 
 @pytest.fixture
@@ -137,10 +150,16 @@ def test_rebuilt_deltas_equal_full_snapshots(small_threshold: None) -> None:
     assert deltas(sent) >= 5  # all but the first step's base and the forced last one
     assert sent.steps[-1].kv[0].free_taken is None
     got = trace_from_dict(trace_to_dict(sent))
-    assert deltas(got) == 0
+    assert sum(1 for r in got.steps for s in r.kv if s.delta_view is not None) == deltas(sent)
     for a, b in zip([full.initial, *full.steps], [got.initial, *got.steps], strict=True):
-        assert ledger(a.kv[0]) == ledger(b.kv[0]), a.step
+        want = ledger(a.kv[0], a.kv[0])
+        have = ledger(b.kv[0], a.kv[0])
+        assert have[:5] == want[:5] and have[6] == want[6], a.step
+        assert all(want[5].get(k, 0) == n for k, n in have[5].items()), a.step
     assert ledger_violations(got) == []
+    again = trace_from_dict(trace_to_dict(got))  # a followed trace goes back on the wire as deltas
+    for a, b in zip(got.steps, again.steps, strict=True):
+        assert (a.kv[0].delta_view, a.kv[0].ref_counts) == (b.kv[0].delta_view, b.kv[0].ref_counts)
 
 
 def test_small_pools_stay_full_every_step() -> None:
@@ -154,6 +173,12 @@ def test_checkpoint_every_n_snapshots(small_threshold: None, monkeypatch: pytest
     trace = run(engine, [lambda: None] * 7, DeltaTracker())
     kinds = ["d" if r.kv[0].free_taken is not None else "F" for r in trace.steps]
     assert kinds == ["d", "d", "F", "d", "d", "F", "F"]
+
+
+def test_checkpoints_thin_out_on_large_pools() -> None:
+    every = probe_delta.checkpoint_every
+    assert (every(1_000), every(10_000), every(100_000)) == (
+        probe_delta.CHECKPOINT_EVERY, probe_delta.CHECKPOINT_EVERY, 98)
 
 
 @pytest.mark.parametrize("fault", ["refree", "free_pad", "lost_free"])
@@ -185,3 +210,69 @@ def test_a_delta_without_a_full_base_is_refused() -> None:
     s = KvSnapshot(source="vllm-scheduler", num_blocks=4, free_taken=[1], free_returned=[])
     with pytest.raises(DeltaWithoutBase, match="before any full snapshot"):
         expand_deltas(Trace(target="", steps=[StepRecord(step=0, kv=[s])]))
+
+
+FAULTS = ("refree", "free_pad", "lost_free", "extra_ref", "share", "leak", "keep_owned", None)
+
+
+def random_ops(engine: Engine, rng: random.Random, fault: str | None) -> list[Any]:
+    """A random run of allocations and frees with ``fault`` at a random step."""
+    e, pool = engine, engine.pool
+    ops: list[Any] = []
+    live: list[str] = []
+    for i in range(30):
+        if live and rng.random() < 0.4:
+            req = live.pop(rng.randrange(len(live)))
+            ops.append(lambda r=req: e.free(r))
+        elif rng.random() < 0.8:
+            req = f"r{i}"
+            live.append(req)
+            size = rng.randint(1, 4)
+            ops.append(lambda r=req, n=size: e.alloc(r, n))
+        else:
+            ops.append(lambda: None)
+    ops += [lambda r=r: e.free(r) for r in live]
+
+    def injected() -> None:  # on a request of its own, owned since the step before
+        victim = e.req_to_blocks["victim"]
+        if fault == "refree":
+            pool.append(pool.free_block_queue.fake_free_list_tail.prev_free_block)
+        elif fault == "free_pad":
+            pool.append(pool.null_block)
+        elif fault == "lost_free":
+            for b in e.req_to_blocks.pop("victim"):
+                b.ref_cnt -= 1
+        elif fault == "extra_ref":
+            victim[0].ref_cnt += 1
+        elif fault == "share":
+            victim[0].ref_cnt += 1
+            e.req_to_blocks["intruder"].append(victim[0])
+        elif fault == "leak":
+            e.req_to_blocks.pop("victim")
+        elif fault == "keep_owned":
+            pool.append(victim[-1])
+
+    ops.append(lambda: e.free("victim"))
+    if fault is not None:
+        at = rng.randrange(2, len(ops) - 1)
+        ops[at:at] = [lambda: e.alloc("victim", 2), injected]
+    return ops
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_runs_break_the_same_invariants_at_the_same_step(small_threshold: None, seed: int) -> None:
+    """Full and delta probes of the same random run, a fault injected at a random step:
+    the first step with a violation, and every violation at it, are the same."""
+    fault = FAULTS[seed % len(FAULTS)]
+    full_engine, delta_engine = Engine(120), Engine(120)
+    want = ledger_violations(run(full_engine, random_ops(full_engine, random.Random(seed), fault), None))
+    sent = run(delta_engine, random_ops(delta_engine, random.Random(seed), fault), DeltaTracker())
+    got = ledger_violations(trace_from_dict(trace_to_dict(sent)))
+    assert deltas(sent) > 0
+    if fault is None:
+        assert want == got == []
+        return
+    assert want, f"{fault}: the fault must break an invariant"
+    first = want[0].step
+    assert [str(v) for v in got if v.step == first] == [str(v) for v in want if v.step == first]
+    assert got[0].step == first

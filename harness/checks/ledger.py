@@ -54,6 +54,22 @@ def _holders(s: KvSnapshot) -> dict[int, list[str]]:
             holders[b].append(req_id)
     return holders
 
+def _free_members(s: KvSnapshot) -> set[int] | frozenset[int]:
+    """The free list as a set, for membership tests of owned, pad and touched blocks.
+
+    For a delta snapshot only those blocks can have moved since the previous snapshot,
+    and its view says which of them are free, so the checks cost O(blocks touched).
+    """
+    return s.delta_view.free_hits if s.delta_view is not None else set(s.free_blocks)
+
+
+def _nowhere(s: KvSnapshot, free: set[int] | frozenset[int], holders: dict[int, list[str]]) -> list[int]:
+    """Non-pad block ids of the pool that are neither free nor owned, sorted."""
+    if s.delta_view is not None:
+        return sorted(s.delta_view.nowhere)
+    return sorted(set(range(s.num_blocks)).difference(free, holders, s.pad_blocks))
+
+
 def _v(invariant: str, s: KvSnapshot, message: str) -> Violation:
     return Violation(invariant=invariant, message=message, source=s.source)
 
@@ -69,7 +85,7 @@ def check_conservation(s: KvSnapshot) -> list[Violation]:
     name = "conservation"
     out: list[Violation] = []
     pad = set(s.pad_blocks)
-    free = set(s.free_blocks)
+    free = _free_members(s)
     holders = _holders(s)
 
     for req_id, ids in s.owned.items():
@@ -97,7 +113,10 @@ def check_conservation(s: KvSnapshot) -> list[Violation]:
                 )
 
     valid = range(s.num_blocks)
-    for b in sorted({b for b in free | set(holders) | pad if b not in valid}):
+    stray = {b for b in [*holders, *pad] if b not in valid}
+    if free and (min(free) < 0 or max(free) >= s.num_blocks):  # a full scan only when needed
+        stray |= {b for b in free if b not in valid}
+    for b in sorted(stray):
         places = []
         if b in free:
             places.append("in the free list")
@@ -114,7 +133,7 @@ def check_conservation(s: KvSnapshot) -> list[Violation]:
             )
         )
 
-    missing = [b for b in valid if b not in free and b not in holders and b not in pad]
+    missing = _nowhere(s, free, holders)
     if missing:
         out.append(
             _v(
@@ -131,7 +150,9 @@ def check_pad_never_owned(s: KvSnapshot) -> list[Violation]:
     name = "pad_never_owned"
     out: list[Violation] = []
     holders = _holders(s)
-    free = Counter(s.free_blocks)
+    pads = set(s.pad_blocks)
+    free = Counter(b for b in (_free_members(s) if s.delta_view is not None else s.free_blocks)
+                   if b in pads)
     for b in s.pad_blocks:
         if b in holders:
             owners = ", ".join(dict.fromkeys(holders[b]))
@@ -143,6 +164,8 @@ def check_pad_never_owned(s: KvSnapshot) -> list[Violation]:
 
 def check_no_double_free(s: KvSnapshot) -> list[Violation]:
     """No block id appears twice in the free list."""
+    if s.delta_view is not None or len(set(s.free_blocks)) == len(s.free_blocks):
+        return []  # a delta's free list is rebuilt without repeats: they show in full reads
     return [
         _v("no_double_free", s, f"block {b} appears {n} times in the free list")
         for b, n in sorted(Counter(s.free_blocks).items())
@@ -155,14 +178,14 @@ def check_free_counter(s: KvSnapshot) -> list[Violation]:
     A block appended to vLLM's linked free list while already in it unlinks the
     blocks after it but still bumps the counter, so the two drift apart.
     """
-    if s.counted_free is None or s.counted_free == len(s.free_blocks):
+    if s.counted_free is None or s.counted_free == s.free_len():
         return []
     return [
         _v(
             "free_counter",
             s,
             f"the pool counts {_count(s.counted_free, 'free block')} but its free list holds "
-            f"{len(s.free_blocks)}",
+            f"{s.free_len()}",
         )
     ]
 
@@ -274,10 +297,8 @@ def check_idle_all_free(s: KvSnapshot) -> list[Violation]:
     for req_id, n in (s.reserved or {}).items():
         if n:
             out.append(_v(name, s, f"at idle, request {req_id} still reserves {_count(n)}"))
-    pad = set(s.pad_blocks)
-    free = set(s.free_blocks)
     holders = _holders(s)
-    lost = [b for b in range(s.num_blocks) if b not in pad and b not in free and b not in holders]
+    lost = _nowhere(s, _free_members(s), holders)
     if lost:
         out.append(_v(name, s, f"at idle, blocks {_blocks(lost)} are not free and not owned"))
     return out

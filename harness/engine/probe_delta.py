@@ -9,8 +9,10 @@ counts of just those blocks. Cost: O(owned blocks) for the owned-map diff plus t
 pool's O(1) free counter. The host rebuilds the free list from the deltas
 (``harness.kv_delta``).
 
-A full snapshot is still taken at the start, at the last step (idle), every
-``CHECKPOINT_EVERY`` snapshots, and at any step where the pool's free counter
+A full snapshot is still taken at the start, at the last step (idle), at checkpoints
+(every ``CHECKPOINT_EVERY`` snapshots, or every ``num_blocks / BLOCKS_PER_CHECKPOINT_STEP``
+on larger pools, so that a checkpoint's cost spread over the steps between two of them
+stays the same at any pool size), and at any step where the pool's free counter
 differs from the count the deltas predict: a block put into (or dropped from) the
 free list behind the owners' backs, such as a double free or a freed pad block,
 moves the counter, so the per-step invariants see it at the step it happens.
@@ -24,8 +26,16 @@ from typing import Any
 
 # Pools up to this size get a full snapshot every step (cheap there: a few ms).
 FULL_PROBE_MAX_BLOCKS = int(os.environ.get("HIL_FULL_PROBE_MAX_BLOCKS", "4096"))
-# A full snapshot at least every this many snapshots of one pool.
+# A full snapshot every this many snapshots of one pool (at least) ...
 CHECKPOINT_EVERY = int(os.environ.get("HIL_PROBE_CHECKPOINT_EVERY", "32"))
+# ... or every num_blocks / this many on larger pools: a full read and check costs about
+# a microsecond per block, so a checkpoint then adds about 1 ms per step at any pool size.
+BLOCKS_PER_CHECKPOINT_STEP = 1024
+
+
+def checkpoint_every(num_blocks: int) -> int:
+    """Snapshots between two full ones of a pool of ``num_blocks`` (delta probes only)."""
+    return max(CHECKPOINT_EVERY, -(-num_blocks // BLOCKS_PER_CHECKPOINT_STEP))
 
 
 @dataclass
@@ -67,7 +77,7 @@ class DeltaTracker:
             prev is None
             or self.force_full
             or len(blocks) <= FULL_PROBE_MAX_BLOCKS
-            or prev.since_full + 1 >= CHECKPOINT_EVERY
+            or prev.since_full + 1 >= checkpoint_every(len(blocks))
         ):
             return None
         n = len(blocks)

@@ -19,7 +19,7 @@ def _row(record: StepRecord, marked: bool) -> list[str]:
     if s is None:
         src = free = rep = pad = owned = "-"
     else:
-        src, free = s.source, str(len(s.free_blocks))
+        src, free = s.source, str(s.free_len())
         rep = "-" if s.reported_free is None else str(s.reported_free)
         pad = _ids(s.pad_blocks)
         owned = " ".join(f"{r}:{len(b)}" for r, b in s.owned.items() if b) or "-"
