@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -49,14 +50,17 @@ class SuiteRun:
         return name
 
 
-def run_suite(tmp_path: Path, *args: str, timeout: float = 1200) -> SuiteRun:
-    """Run pytest on ``args`` in a child process with its own reports folder."""
+def run_suite(tmp_path: Path, *args: str, timeout: float = 1200,
+              env: dict[str, str] | None = None) -> SuiteRun:
+    """Run pytest on ``args`` in a child process with its own reports folder; ``env``
+    adds to (or overrides) this process's environment."""
     junit = tmp_path / "junit.xml"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
            "-o", "junit_family=xunit1",  # keeps per-test properties (the leased device)
            f"--junitxml={junit}", f"--hil-reports-dir={tmp_path / 'reports'}",
            f"--lease-dir={tmp_path / 'leases'}", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
     outcomes: dict[str, str] = {}
     messages: dict[str, str] = {}
     properties: dict[str, dict[str, str]] = {}

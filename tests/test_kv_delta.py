@@ -276,3 +276,20 @@ def test_random_runs_break_the_same_invariants_at_the_same_step(small_threshold:
     first = want[0].step
     assert [str(v) for v in got if v.step == first] == [str(v) for v in want if v.step == first]
     assert got[0].step == first
+
+
+def test_a_verdict_says_when_the_ledgers_were_read_as_deltas(small_threshold: None) -> None:
+    from harness.checks.ledger import check_ledger
+
+    def leaky(engine: Engine) -> list[Any]:
+        ops = ops_for(engine)
+        ops[4] = lambda: engine.req_to_blocks.pop("b")  # blocks kept, owner gone
+        return ops
+
+    full_engine, delta_engine = Engine(40), Engine(40)
+    full = check_ledger(run(full_engine, leaky(full_engine), None))
+    delta = check_ledger(trace_from_dict(trace_to_dict(run(delta_engine, leaky(delta_engine),
+                                                           DeltaTracker()))))
+    assert full.check == delta.check == "kv_ledger.conservation"
+    assert "read as" not in full.details
+    assert "KV ledgers read as 7 per-step deltas and 2 full snapshots" in delta.details

