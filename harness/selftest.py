@@ -72,6 +72,8 @@ CPU_CASES: tuple[Case, ...] = (
     Case("block-too-few", "vllm-cpu", "suites/test_capacity.py", "one_block_below", "recompute"),
     Case("silent-preemption", "vllm-cpu", "suites/test_capacity.py", "one_block_below",
          "recompute"),
+    Case("reserve-extra", "spyre-eager-cb", "suites/test_capacity.py",
+         "reservations_at_the_edge and filled", "recompute"),
     # vLLM's real preemption path on spyre (its pool never runs out by itself); the negative
     # control in suites/test_no_recompute.py proves all four signals see it.
     Case("preempt-running-once", "spyre-eager-cb", "suites/test_no_recompute.py",

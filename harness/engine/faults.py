@@ -549,6 +549,26 @@ def reserve_short(config: dict[str, Any]) -> None:
     cls._prepare_prompt = _prepare_prompt  # type: ignore[method-assign]
 
 
+def reserve_extra(config: dict[str, Any]) -> None:
+    """vllm-spyre 1.x CB: every request reserves one block more than the runner's own
+    worst-case arithmetic at prefill (an off-by-one in the reservation). Nothing is
+    owned beyond the reservation, so no ledger invariant breaks: only a pool that the
+    batch's reservations fill exactly shows it (the last request is held back)."""
+    smr = _spyre_runner_module()
+    cls = smr.ContinuousBatchingSpyreModelRunner
+    original = cls._prepare_prompt
+
+    def _prepare_prompt(self: Any, new_request_data: Any, *a: Any, **kw: Any) -> Any:
+        out = original(self, new_request_data, *a, **kw)
+        if armed():
+            for req in new_request_data or ():
+                if req.req_id in self.req_ids2num_reserved_blocks:
+                    self.req_ids2num_reserved_blocks[req.req_id] += 1
+        return out
+
+    cls._prepare_prompt = _prepare_prompt  # type: ignore[method-assign]
+
+
 def leak_reservation(config: dict[str, Any]) -> None:
     """vllm-spyre 1.x: the runner keeps the reservation of the first request that finishes
     after start: its blocks are freed, but the free count it reports to the scheduler
@@ -705,6 +725,7 @@ FAULTS: dict[str, FaultFn] = {
     "keep-finished-blocks": keep_finished_blocks,
     "forget-free-in-runner": forget_free_in_runner,
     "reserve-short": reserve_short,
+    "reserve-extra": reserve_extra,
     "leak-reservation": leak_reservation,
     "legacy-double-free": legacy_double_free,
     "misname-dummy": misname_dummy,
