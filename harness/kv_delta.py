@@ -46,8 +46,7 @@ def _base(s: KvSnapshot) -> _Pool:
     """A pool's state from a full snapshot (O(pool): full snapshots are checked in full)."""
     free = dict.fromkeys(s.free_blocks)
     owned = _owned(s)
-    pad = set(s.pad_blocks)
-    nowhere = {b for b in range(s.num_blocks) if b not in free and b not in owned and b not in pad}
+    nowhere = set(range(s.num_blocks)).difference(free, owned, s.pad_blocks)
     return _Pool(free=free, owned=owned, nowhere=nowhere)
 
 
@@ -75,8 +74,8 @@ def _apply(pool: _Pool, s: KvSnapshot) -> None:
 
 def expand_deltas(trace: Trace) -> None:
     """Give every delta snapshot of ``trace`` (initial record first) its ``DeltaView``,
-    in place; idempotent. Raises ``DeltaWithoutBase`` for a delta
-    with no full snapshot of its pool earlier in the run."""
+    in place; idempotent. Raises ``DeltaWithoutBase`` for a delta with no full snapshot
+    of its pool earlier in the run."""
     pools: dict[str, _Pool] = {}
     records = ([trace.initial] if trace.initial is not None else []) + list(trace.steps)
     if not any(s.is_delta() for r in records for s in r.kv):

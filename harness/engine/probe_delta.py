@@ -6,7 +6,7 @@ between full snapshots, a delta: the blocks that became owned since the previous
 snapshot (``free_taken``, they left the free list) and the blocks no request owns
 any more whose ref count is 0 (``free_returned``, they joined it), with the ref
 counts of just those blocks. Cost: O(owned blocks) for the owned-map diff plus the
-pool's O(1) free counter. The host rebuilds the free list from the deltas
+pool's O(1) free counter. The host follows the free list from the deltas
 (``harness.kv_delta``).
 
 A full snapshot is still taken at the start, at the last step (idle), at checkpoints
