@@ -81,7 +81,8 @@ def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
     with hil.expect_refusal(), pytest.raises(EngineStartError) as refused:
         hil.generate(engine, scenario)
 
-    assert "Number of pages available on Spyre" in str(refused.value)
+    if "Number of pages available on Spyre" not in str(refused.value):
+        raise refused.value  # the start failed, but not with the refusal: report that failure
 
 
 def full_batch(model, target_variant, max_num_seqs=2):

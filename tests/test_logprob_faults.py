@@ -41,9 +41,13 @@ def test_kernel_drift_fails_logprob_closeness(tmp_path, target):
 
 @pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cb"])
 def test_drift_after_a_near_tie_fails_the_teacher_forced_run(tmp_path, target):
+    """Every case on both models: which prompts meet an honest near-tie depends on the models
+    (a handful of positions in all), so none is picked by name; the fault fires in each
+    engine call that meets one."""
     run = run_suite(
-        tmp_path, "suites/test_token_equality.py", "-k", "long-prompt or block-edge",
-        "--model", "tiny-llama", "--target", target, "--inject-fault", "drift-after-near-tie",
+        tmp_path, "suites/test_token_equality.py", "-m", "cpu",
+        "--model", "tiny-llama,tiny-granite", "--target", target,
+        "--inject-fault", "drift-after-near-tie",
     )
     assert run.returncode == 1, run.output[-3000:]
     failed = run.failed()
