@@ -47,7 +47,7 @@ def test_every_card_suite_runs_on_two_cards_one_engine_each(tmp_path: Path) -> N
     outcomes = {o for o, _ in results.values()}
     assert outcomes == {"passed"}, {k: v for k, v in results.items() if v[0] != "passed"}
     suites = {"token_equality", "no_recompute", "block_freeing", "capacity"}
-    assert len(results) == 13, sorted(results)
+    assert len(results) == 15, sorted(results)
     assert {s for s in suites if (tmp_path / "run" / "suites" / f"test_{s}.py").exists()} == suites
     assert ledger_problems(events) == []  # one live engine per card, each configuration once
     assert {e["device"] for e in events} == {"card0", "card1"}

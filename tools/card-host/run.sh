@@ -68,7 +68,7 @@ export HIL_INVENTORY=$WORK/inventory.toml HIL_LEASE_DIR=$RUN/leases HIL_CACHE_DI
 if [ -z "${HIL_CARD_HOST_NO_DEVICES_CHECK:-}" ]; then
   "$IMAGE/bin/hil" devices --inventory "$HIL_INVENTORY"
 fi
-# The smallest selection that runs every card suite on every card mode (13 tests, 9 engine
+# The smallest selection that runs every card suite on every card mode (15 tests, 11 engine
 # configurations), on two workers: one per card.
 if [ $# -eq 0 ]; then
   set -- -k "(token_equality and pair) or 64-2 or after_warmup or back-to-idle or capacity" \
