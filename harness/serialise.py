@@ -143,7 +143,7 @@ def trace_to_dict(t: Trace) -> dict[str, Any]:
 
 
 def trace_from_dict(d: Mapping[str, Any]) -> Trace:
-    """Inverse of ``trace_to_dict``; delta KV snapshots come back as full ones."""
+    """Inverse of ``trace_to_dict``; delta KV snapshots come back with their ``delta_view``."""
     initial = d.get("initial")
     trace = Trace(
         target=str(d.get("target", "")),

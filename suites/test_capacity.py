@@ -136,14 +136,15 @@ def test_reservations_at_the_edge_of_the_pool(hil, model, target_variant, side):
     (one block more reserved for any request would hold it back); the next smaller pool
     (vllm-spyre rounds a pool to a multiple of max_num_seqs) holds the second request back,
     with no preemption and the tokens still equal."""
-    limits = EngineLimits(MAX_MODEL_LEN, 2, cp_chunk=128)
+    seqs = 2
+    limits = EngineLimits(MAX_MODEL_LEN, seqs, cp_chunk=128)
     scenario = shaped_scenario("reservation-edge", model.tokenizer, EDGE_SHAPES, limits)
     tkv = max(p for p, _, _ in EDGE_SHAPES)
     reserved = sum(spyre_cb_reservation(tkv, p, n, SPYRE_BLOCK_SIZE) for p, n, _ in EDGE_SHAPES)
     pool = reserved + 1  # the pad block
-    assert pool % limits.max_num_seqs == 0, "the edge pool must survive vllm-spyre's rounding"
+    assert pool % seqs == 0, "the edge pool must survive vllm-spyre's rounding"
     if side == "one_step_below":
-        pool -= limits.max_num_seqs
+        pool -= seqs
     engine = hil.engine_config(target_variant, model, scenario, num_blocks_override=pool)
 
     trace = hil.run_steps(engine, scenario)
@@ -151,9 +152,9 @@ def test_reservations_at_the_edge_of_the_pool(hil, model, target_variant, side):
     checks = [check_no_preemption(trace), hil.check_ledger(trace),
               hil.check_tokens(model, scenario, trace)]
     if side == "filled":
-        hil.expect(check_full_batch(trace, 2), check_reservations_fill_pool(trace, 2), *checks,
+        hil.expect(check_full_batch(trace, seqs), check_reservations_fill_pool(trace, seqs), *checks,
                    trace=trace)
     else:
         hil.expect(*checks, trace=trace)
-        hil.expect_failure(check_full_batch(trace, 2), mentioning="full batch never reached",
+        hil.expect_failure(check_full_batch(trace, seqs), mentioning="full batch never reached",
                            trace=trace)

@@ -24,15 +24,7 @@ from harness.engine.probes import snapshot_vllm_scheduler
 from harness.kv_delta import DeltaWithoutBase, expand_deltas
 from harness.serialise import trace_from_dict, trace_to_dict
 from harness.trace import KvSnapshot, StepRecord, Trace
-
-
-class Block:
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.is_null = False
-        self.prev_free_block: Block | None = None
-        self.next_free_block: Block | None = None
+from tests.test_kv import FakeBlock as Block
 
 
 class Pool:

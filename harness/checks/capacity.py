@@ -144,6 +144,9 @@ def check_capacity(cfg: EngineConfig, info: dict[str, Any]) -> None:
     preflight(need, pool.num_blocks, f"reported by the {cfg.label} engine ({pool.source})")
 
 
+FILLED = f"{CAPACITY}.filled"
+
+
 def spyre_cb_reservation(tkv: int, prompt_len: int, max_tokens: int, block_size: int) -> int:
     """Blocks vllm-spyre's continuous batching reserves for a request when it joins a batch
     at ``tkv``: its worst case, every token up to ``max_tokens`` (the last one is never fed
@@ -161,14 +164,14 @@ def check_reservations_fill_pool(trace: Any, max_num_seqs: int) -> Verdict:
             continue
         free = [s.reported_free for s in step.kv if s.reported_free is not None]
         if not free:
-            return Verdict.failed(f"{CAPACITY}.filled", f"step {step.step}: no ledger reports a"
+            return Verdict.failed(FILLED, f"step {step.step}: no ledger reports a"
                                   " free count (a continuous-batching runner's reservations)")
         if free[0] != 0:
             return Verdict.failed(
-                f"{CAPACITY}.filled",
+                FILLED,
                 f"step {step.step}: the full batch left {free[0]} of the pool's blocks"
                 " unreserved, so the run does not test the pool's edge",
                 at=step.step)
-        return Verdict.passed(f"{CAPACITY}.filled", f"the full batch reserved every usable block"
+        return Verdict.passed(FILLED, "the full batch reserved every usable block"
                               f" from step {step.step}")
-    return Verdict.failed(f"{CAPACITY}.filled", f"no step ran {max_num_seqs} requests at once")
+    return Verdict.failed(FILLED, f"no step ran {max_num_seqs} requests at once")

@@ -151,8 +151,8 @@ def check_pad_never_owned(s: KvSnapshot) -> list[Violation]:
     out: list[Violation] = []
     holders = _holders(s)
     pads = set(s.pad_blocks)
-    free = Counter(b for b in (_free_members(s) if s.delta_view is not None else s.free_blocks)
-                   if b in pads)
+    listed = s.delta_view.free_hits if s.delta_view is not None else s.free_blocks
+    free = Counter(b for b in listed if b in pads)
     for b in s.pad_blocks:
         if b in holders:
             owners = ", ".join(dict.fromkeys(holders[b]))

@@ -132,7 +132,7 @@ def _pool_snapshot(
     )
     owned_ids = {b for ids in owned.values() for b in ids} - set(pad) if tracker else set()
     delta = tracker.delta(source, pool, owned_ids, counted) if tracker else None
-    if delta is not None:  # O(owned): the host rebuilds the free list (harness.kv_delta)
+    if delta is not None:  # O(owned): the host follows the deltas (harness.kv_delta)
         snap.free_taken, snap.free_returned = delta.taken, delta.returned
         snap.ref_counts = delta.ref_counts
         return snap

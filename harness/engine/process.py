@@ -312,7 +312,7 @@ class EngineSide:
                 if snap.serving is not None:
                     snap.serving = [scenario_id(k) for k in snap.serving]
                 snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
-            kind = "delta" if all(k.free_taken is not None for k in snaps) else "full"
+            kind = "delta" if all(k.is_delta() for k in snaps) else "full"
             probe_cost[f"{kind}_reads"] += 1
             probe_cost[f"{kind}_seconds"] += time.perf_counter() - t0
             return snaps
