@@ -9,9 +9,11 @@ from harness.checks.capacity import (
     CapacityError,
     blocks_needed,
     check_pool_serves_full_batch,
+    check_reservations_fill_pool,
     full_batch_shortfall,
     preflight,
     preflight_config,
+    spyre_cb_reservation,
 )
 from harness.checks.ledger import check_dummy_padding, check_dummy_returned
 from harness.checks.preemption import (
@@ -222,3 +224,32 @@ def test_executed_tokens_are_counted_per_step_at_the_executor():
     executor.execute_model(SimpleNamespace(num_scheduled_tokens={"b": 1}))
     assert counter.take() == {"a": 64, "b": 2}
     assert counter.take() == {}  # each step starts afresh
+
+
+def test_spyre_cb_reservation_follows_the_runners_worst_case():
+    # joining at its own prompt length: every token up to max_tokens, the last never fed
+    assert spyre_cb_reservation(64, 64, 192, 64) == 4  # 64 + 191 = 255 tokens
+    assert spyre_cb_reservation(64, 64, 128, 64) == 3  # 191 tokens
+    assert spyre_cb_reservation(64, 64, 129, 64) == 3  # 192 tokens: still 3 blocks
+    assert spyre_cb_reservation(64, 64, 130, 64) == 4
+    # joining a batch whose tkv is a block past its prompt: the padding block is not reserved
+    assert spyre_cb_reservation(128, 60, 100, 64) == math.ceil(227 / 64) - 1
+
+
+def _filled_trace(reported_free: int, running: int = 2) -> Trace:
+    runner = KvSnapshot(source="spyre-runner", num_blocks=8, pad_blocks=[0], reported_free=3,
+                        owned={"r0": [1]})
+    full = KvSnapshot(source="spyre-runner", num_blocks=8, pad_blocks=[0],
+                      reported_free=reported_free, owned={"r0": [1], "r1": [2]})
+    ids = [f"r{i}" for i in range(running)]
+    return Trace(target="t", steps=[StepRecord(step=0, running=["r0"], kv=[runner]),
+                                    StepRecord(step=1, running=ids, kv=[full])])
+
+
+def test_reservations_fill_pool_fails_when_a_block_is_left_over():
+    assert check_reservations_fill_pool(_filled_trace(0), 2).ok
+    slack = check_reservations_fill_pool(_filled_trace(1), 2)
+    assert not slack.ok and slack.check == "capacity.filled"
+    assert "left 1 of the pool's blocks unreserved" in slack.why
+    never = check_reservations_fill_pool(_filled_trace(0, running=1), 2)
+    assert not never.ok and "no step ran 2 requests at once" in never.why
