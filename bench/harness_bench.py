@@ -97,8 +97,8 @@ def engine_starts(cache: Path, reports: Path, per_mode: int) -> dict[str, Any]:
     """Engine start times, fresh process against forked from a preloaded parent: distinct
     configurations (vllm-cpu and spyre-eager-cb alternating), so every call starts an engine."""
     from harness.engine import forkserver
-    from harness.scenario import EngineLimits, shaped_scenario
-    from harness.variants import VARIANTS
+    from harness.scenario.prompts import EngineLimits, shaped_scenario
+    from harness.targets.variants import VARIANTS
 
     result: dict[str, Any] = {}
     for mode in ("fresh", "platform"):
@@ -127,8 +127,8 @@ def engine_starts(cache: Path, reports: Path, per_mode: int) -> dict[str, Any]:
 def probe_by_pool(cache: Path, reports: Path, sizes: list[int], repeats: int) -> list[dict[str, Any]]:
     """Probe cost per engine step on vllm-cpu pools of ``sizes`` blocks: the same scenario
     with and without probes, the difference divided by the steps."""
-    from harness.scenario import EngineLimits, shaped_scenario
-    from harness.variants import VARIANTS
+    from harness.scenario.prompts import EngineLimits, shaped_scenario
+    from harness.targets.variants import VARIANTS
 
     hil = session(cache, reports, max_live_engines=1)
     model = hil.model("tiny-llama")
@@ -210,7 +210,7 @@ def probe_read_figures(reads: list[dict[str, Any]], steps: int) -> dict[str, Any
 
 
 def session(cache: Path, reports: Path, **kw: Any) -> Any:
-    from harness.session import HilSession, SessionOptions
+    from harness.session.facade import HilSession, SessionOptions
 
     return HilSession(SessionOptions(cache_dir=cache, reports_dir=reports, **kw))
 
@@ -218,8 +218,8 @@ def session(cache: Path, reports: Path, **kw: Any) -> Any:
 def probe_overhead(cache: Path, reports: Path, repeats: int) -> list[dict[str, Any]]:
     """One step-driven scenario, same engine, with and without the KV probes."""
     from harness.checks.ledger import STEP_CHECKS
-    from harness.scenario import EngineLimits, shaped_scenario
-    from harness.variants import VARIANTS
+    from harness.scenario.prompts import EngineLimits, shaped_scenario
+    from harness.targets.variants import VARIANTS
 
     hil = session(cache, reports)
     model = hil.model("tiny-llama")
@@ -266,8 +266,8 @@ def start_overlap(cache: Path, reports: Path, repeats: int) -> dict[str, Any]:
     shorten the run on this machine."""
     import threading
 
-    from harness.scenario import EngineLimits, shaped_scenario
-    from harness.variants import VARIANTS
+    from harness.scenario.prompts import EngineLimits, shaped_scenario
+    from harness.targets.variants import VARIANTS
 
     hil = session(cache, reports, max_live_engines=3)
     model = hil.model("tiny-llama")
@@ -318,8 +318,8 @@ def start_overlap(cache: Path, reports: Path, repeats: int) -> dict[str, Any]:
 
 def growth(cache: Path, reports: Path, sizes: list[int]) -> list[dict[str, Any]]:
     """Token equality over N prompts on vllm-cpu: one engine call per N, time per prompt."""
-    from harness.scenario import EngineLimits, shaped_scenario
-    from harness.variants import VARIANTS
+    from harness.scenario.prompts import EngineLimits, shaped_scenario
+    from harness.targets.variants import VARIANTS
 
     hil = session(cache, reports)
     model = hil.model("tiny-llama")

@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
 
 from fixtures.models import DEFAULT_CACHE_DIR, MODEL_SPECS, build_model  # noqa: E402
 from harness.checks.exposure import DEFAULT_TOL, Exposure, exposure_of  # noqa: E402
-from harness.trace import RequestTrace  # noqa: E402
+from harness.core.trace import RequestTrace  # noqa: E402
 
 TOP_K = 5
 
@@ -33,7 +33,7 @@ TOP_K = 5
 def reference_requests(tokenizer: Any) -> list[tuple[tuple[int, ...], int]]:
     """(prompt ids, max_tokens) of every distinct request the token-equality and KV suites
     send: all cases of the token-equality prompt set and the suites' shaped scenarios."""
-    from harness.scenario import PromptSet
+    from harness.scenario.prompts import PromptSet
     from suites import test_block_freeing, test_capacity, test_no_recompute
 
     scenarios = []
@@ -65,8 +65,8 @@ def reference_traces(model_dir: Path) -> list[RequestTrace]:
     import torch
     from transformers import AutoTokenizer
 
-    from harness.reference_cache import ReferenceCache
-    from harness.targets.cpu_ref import ReferenceRunner
+    from harness.reference.cache import ReferenceCache
+    from harness.reference.runner import ReferenceRunner
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     runner = ReferenceRunner(model_dir, "unhashed", ReferenceCache(Path("."), enabled=False))

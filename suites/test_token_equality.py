@@ -13,7 +13,7 @@ judged given the reference's history, also after a near-tie
 
 import pytest
 
-from harness.scenario import PromptSet
+from harness.scenario.prompts import PromptSet
 
 PROMPTS = PromptSet.load("token_equality")
 

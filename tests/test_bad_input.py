@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.engine.config import ConfigError, EngineConfig, WarmupShape
-from harness.engine.faults import ALLOW_EXTERNAL_ENV, apply_faults, parse_fault
-from harness.engine.host import EngineHost, EngineStartError
+from harness.core.config import ConfigError, EngineConfig, WarmupShape
+from harness.core.errors import EngineStartError
+from harness.core.trace import TokenStep
+from harness.engine.host import EngineHost
+from harness.in_engine.faults import ALLOW_EXTERNAL_ENV, apply_faults, parse_fault
 from harness.lab.inventory import InventoryError, load_inventory
 from harness.lab.lease_files import (
     LeaseDirError,
@@ -25,14 +27,13 @@ from harness.lab.lease_files import (
 )
 from harness.lab.leases import LeaseManager
 from harness.lab.quarantine import load_quarantine
-from harness.model_check import ModelFolderError, check_model_folder
-from harness.reference_cache import ReferenceCache, cache_key
+from harness.reference.cache import ReferenceCache, cache_key
+from harness.reference.runner import ReferenceRunner
 from harness.report.generate import ReportToolMissing, find_tool
-from harness.scenario import EngineLimits, PromptSet, Scenario
+from harness.scenario.model_folder import ModelFolderError, check_model_folder
+from harness.scenario.prompts import EngineLimits, PromptSet, Scenario
 from harness.targets import target_for
-from harness.targets.cpu_ref import ReferenceRunner
-from harness.trace import TokenStep
-from harness.variants import VARIANTS, select_variants
+from harness.targets.variants import VARIANTS, select_variants
 from tests.suite_runner import CHECKOUT_PLUGINS, run_suite
 
 
@@ -108,10 +109,10 @@ def test_prompt_set_with_unknown_prompt(tmp_path):
 
 
 def test_scenario_is_refused_before_the_engine_starts(tmp_path):
-    from harness.session import HilSession, SessionOptions
+    from harness.session.facade import HilSession, SessionOptions
 
     session = HilSession(SessionOptions(cache_dir=tmp_path, reports_dir=tmp_path))
-    from harness.scenario import RequestSpec
+    from harness.scenario.prompts import RequestSpec
 
     sc = Scenario("s", [RequestSpec("r0", tuple(range(250)), 16)], EngineLimits(256, 4))
     with pytest.raises(ConfigError, match="scenario s, request r0: prompt of 250 tokens"):
@@ -678,7 +679,7 @@ def test_bad_reference_entry_is_recomputed_and_named(tmp_path, damage, why):
 
 
 def test_run_summary_names_bad_reference_entries(tmp_path):
-    from harness.session import HilSession, SessionOptions
+    from harness.session.facade import HilSession, SessionOptions
 
     session = HilSession(SessionOptions(cache_dir=tmp_path, reports_dir=tmp_path))
     session.ref_cache.bad.append("x.json: wrong shape; recomputed")

@@ -23,8 +23,8 @@ from harness.checks.preemption import (
     count_preemptions,
     largest_batch,
 )
-from harness.engine.config import EngineConfig
-from harness.trace import KvSnapshot, RequestTrace, StepRecord, Trace
+from harness.core.config import EngineConfig
+from harness.core.trace import KvSnapshot, RequestTrace, StepRecord, Trace
 
 
 def test_block_need_arithmetic():
@@ -173,7 +173,7 @@ def test_dummy_blocks_must_be_back_when_a_second_request_joins():
 
 
 def test_a_stack_that_declares_dummy_padding_fails_without_a_dummy():
-    from harness.dummy_padding import dummy_padding_verdict, pads_decode_batch
+    from harness.targets.spyre.padding import dummy_padding_verdict, pads_decode_batch
 
     alone = step(3, ["r0"], kv=[snap({"r0": [0], "dummy": [1]}, [2, 3, 4, 5, 6, 7], ["dummy"])])
     joined = step(4, ["r0", "r1"], kv=[snap({"r0": [0], "r1": [2]}, [1, 3, 4, 5, 6, 7])])
@@ -214,7 +214,7 @@ def test_spyre_full_batch_requests_keep_one_block_of_tkv_headroom():
 def test_executed_tokens_are_counted_per_step_at_the_executor():
     from types import SimpleNamespace
 
-    from harness.engine.executed import ExecutedTokens
+    from harness.in_engine.executed import ExecutedTokens
 
     calls = []
     executor = SimpleNamespace(execute_model=lambda so, non_block=False: calls.append(so) or "out")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import card
-from harness.checks.tokens import NearTiePolicy
-from harness.engine.config import EngineConfig
-from harness.engine.host import EngineRefused, EngineStartError
-from harness.engine_order import order_tests_by_engine_config, save_record
-from harness.lab.inventory import InventoryDevice
-from harness.session import HilSession, SessionOptions
+from harness.core.comparison import NearTiePolicy
+from harness.core.config import EngineConfig
+from harness.core.devices import InventoryDevice
+from harness.core.errors import EngineRefused, EngineStartError
+from harness.engine.order import order_tests_by_engine_config, save_record
+from harness.session.facade import HilSession, SessionOptions
+from harness.targets.spyre import card
 
 ROOT = Path(__file__).resolve().parent.parent
 ADDR, OTHER = "0000:3b:00.0", "0000:3c:00.0"
@@ -204,8 +204,9 @@ def test_emulated_runtime_opens_the_card_it_is_told(tmp_path: Path, torch_sendnn
 
 
 def test_discovery_reads_the_device_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.lab.devices import device_root, discover_spyre
+    from harness.core.devices import device_root
     from harness.lab.inventory import discover_inventory
+    from harness.targets.spyre.discovery import discover_spyre
 
     _fake_tree(tmp_path)
     monkeypatch.setenv("HIL_DEVICE_ROOT", str(tmp_path))

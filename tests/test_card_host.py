@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.card import ledger_problems
+from harness.targets.spyre.card import ledger_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_SH = ROOT / "tools" / "card-host" / "run.sh"

@@ -8,16 +8,11 @@ from typing import Any
 
 import pytest
 
-from harness.checks.tokens import (
-    NearTiePolicy,
-    TokenDiff,
-    TokenOutcome,
-    TraceComparison,
-    compare_request,
-)
+from harness.checks.tokens import compare_request, token_verdict
 from harness.checks.tokens import compare_traces as compare
+from harness.core.comparison import NearTiePolicy, TokenDiff, TokenOutcome, TraceComparison
+from harness.core.trace import RequestTrace, TokenStep, Trace
 from harness.render.token_diff import render_comparison
-from harness.trace import RequestTrace, TokenStep, Trace
 
 
 class Rendered:
@@ -333,10 +328,10 @@ def test_failures_precede_near_ties_in_report() -> None:
 def test_token_verdict_names_the_check_the_first_position_and_the_full_text() -> None:
     ref, dev = diverging(2, {7: 0.9, 8: 0.05}, {8: 0.9, 7: 0.05})
     cmp = compare(Trace("cpu", {"r0": ref}), Trace("spyre", {"r0": dev}))
-    verdict = cmp.verdict(decode, {"r0": "a prompt"})
+    verdict = token_verdict(cmp, decode, {"r0": "a prompt"})
     assert not verdict.ok and verdict.check == "token_equality" and verdict.at == 2
     assert verdict.why.startswith("token mismatch: request 'r0' at position 2")
     assert verdict.details == render_comparison(cmp, decode, {"r0": "a prompt"})
     assert "'a prompt'" in verdict.details and "' w8'" in verdict.details
     same = compare(Trace("cpu", {"r0": ref}), Trace("spyre", {"r0": ref}))
-    assert same.verdict().ok and same.verdict().why == "1 request: 1 exact, 0 near-ties, 0 mismatched"
+    assert token_verdict(same).ok and token_verdict(same).why == "1 request: 1 exact, 0 near-ties, 0 mismatched"

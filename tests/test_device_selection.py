@@ -2,9 +2,9 @@
 
 import pytest
 
-from harness.targets.neuron import NeuronTarget
-from harness.targets.spyre import SpyreTarget
-from harness.variants import VARIANTS
+from harness.targets.neuron.kind import NeuronTarget
+from harness.targets.spyre.kind import SpyreTarget
+from harness.targets.variants import VARIANTS
 from tests.suite_runner import run_suite
 
 

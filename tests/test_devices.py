@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.lab.devices import CPU_HINT, discover_neuron, discover_spyre
+from harness.core.devices import CPU_HINT
+from harness.targets.neuron.discovery import discover_neuron
+from harness.targets.spyre.discovery import discover_spyre
 
 
 def pci_device(

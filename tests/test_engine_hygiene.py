@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from harness.card import CardLedger, ledger_problems
 from harness.checks.ledger import check_idle_ledgers, check_ledger
-from harness.checks.verdict import INHERITED_STATE
-from harness.engine import faults
-from harness.engine.host import EngineCrashed, EngineRequestError
+from harness.core.errors import EngineCrashed, EngineRequestError
+from harness.core.trace import SOURCE_SPYRE_RUNNER, KvSnapshot, StepRecord, Trace
+from harness.core.verdict import INHERITED_STATE
 from harness.engine.hygiene import (
     EngineHygiene,
     idle_problems,
     judge_snapshots,
     judge_trace,
 )
+from harness.in_engine import faults
 from harness.report.categories import classify
 from harness.report.root_cause import (
     group_by_root_cause,
@@ -32,7 +32,7 @@ from harness.report.root_cause import (
     labels_for,
     root_cause_markdown,
 )
-from harness.trace import SOURCE_SPYRE_RUNNER, KvSnapshot, StepRecord, Trace
+from harness.targets.spyre.card import CardLedger, ledger_problems
 
 
 def clean() -> KvSnapshot:

@@ -4,9 +4,9 @@ before the next test and the step-driven run starts from an idle ledger (order-i
 
 import pytest
 
-from harness.scenario import EngineLimits, shaped_scenario
-from harness.session import HilSession, SessionOptions
-from harness.variants import VARIANTS
+from harness.scenario.prompts import EngineLimits, shaped_scenario
+from harness.session.facade import HilSession, SessionOptions
+from harness.targets.variants import VARIANTS
 
 pytestmark = pytest.mark.e2e  # starts a vllm-spyre engine
 

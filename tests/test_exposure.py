@@ -16,8 +16,8 @@ from harness.checks.exposure import (
     exposure_of,
     top_two,
 )
+from harness.core.trace import RequestTrace, TokenStep
 from harness.report.summary import RunSummary, exposure_from_stats, summary_markdown
-from harness.trace import RequestTrace, TokenStep
 
 
 def step(*probs: float) -> TokenStep:

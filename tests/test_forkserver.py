@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from fixtures.models import build_model
+from harness.core.errors import EngineCrashed
 from harness.engine import forkserver
 from harness.engine.forkserver import ForkedProcess, ForkServerError, late, parent_env, platform_key
-from harness.engine.host import EngineCrashed, EngineHost
-from harness.scenario import EngineLimits
+from harness.engine.host import EngineHost
+from harness.scenario.prompts import EngineLimits
 from harness.targets import target_for
-from harness.variants import VARIANTS
+from harness.targets.variants import VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 

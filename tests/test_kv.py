@@ -30,16 +30,13 @@ from harness.checks.ledger import (
     check_within_reservation,
     ledger_violations,
 )
-from harness.engine.probes import (
-    LEGACY_DUMMY_ID,
-    snapshot_engine,
-    snapshot_legacy_spyre_runner,
-    snapshot_spyre_runner,
-    snapshot_vllm_scheduler,
+from harness.core.serialise import (
+    snapshot_from_dict,
+    snapshot_to_dict,
+    trace_from_dict,
+    trace_to_dict,
 )
-from harness.render.ledger_table import format_step_table
-from harness.serialise import snapshot_from_dict, snapshot_to_dict, trace_from_dict, trace_to_dict
-from harness.trace import (
+from harness.core.trace import (
     SOURCE_SPYRE_LEGACY_RUNNER,
     SOURCE_SPYRE_RUNNER,
     SOURCE_VLLM_SCHEDULER,
@@ -49,6 +46,14 @@ from harness.trace import (
     TokenStep,
     Trace,
 )
+from harness.in_engine.probes import (
+    LEGACY_DUMMY_ID,
+    snapshot_engine,
+    snapshot_legacy_spyre_runner,
+    snapshot_spyre_runner,
+    snapshot_vllm_scheduler,
+)
+from harness.render.ledger_table import format_step_table
 
 # ------------------------------------------------------------- snapshots
 
@@ -670,7 +675,7 @@ def test_snapshot_engine_detects_runner_kind() -> None:
 def test_free_queue_of_vllm_0_9_has_a_real_head_and_ends_in_none():
     from types import SimpleNamespace as NS
 
-    from harness.engine.probes import _walk_free_queue
+    from harness.in_engine.probes import _walk_free_queue
 
     c = NS(block_id=5, next_free_block=None)
     b = NS(block_id=3, next_free_block=c)

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from harness.checks.ledger import ledger_violations
-from harness.engine import probe_delta
-from harness.engine.probe_delta import DeltaTracker
-from harness.engine.probes import snapshot_vllm_scheduler
-from harness.kv_delta import DeltaWithoutBase, expand_deltas
-from harness.serialise import trace_from_dict, trace_to_dict
-from harness.trace import KvSnapshot, StepRecord, Trace
+from harness.core.kv_delta import DeltaWithoutBase, expand_deltas
+from harness.core.serialise import trace_from_dict, trace_to_dict
+from harness.core.trace import KvSnapshot, StepRecord, Trace
+from harness.in_engine import probe_delta
+from harness.in_engine.probe_delta import DeltaTracker
+from harness.in_engine.probes import snapshot_vllm_scheduler
 from tests.test_kv import FakeBlock as Block
 
 

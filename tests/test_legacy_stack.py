@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from harness.stacks import stack_python
+from harness.stacks.spec import stack_python
 from tests.suite_runner import run_suite
 
 STACK = "legacy-spyre-0.4"

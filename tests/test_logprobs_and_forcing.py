@@ -14,11 +14,11 @@ from harness.checks.logprobs import (
     compare_logprobs,
     logprob_policy,
 )
-from harness.checks.tokens import NearTiePolicy
-from harness.checks.verdict import FORCED_LOGPROBS, FORCED_TOKENS, LOGPROB_CLOSENESS
+from harness.core.comparison import NearTiePolicy
+from harness.core.serialise import trace_from_dict, trace_to_dict
+from harness.core.trace import RequestTrace, TokenStep, Trace
+from harness.core.verdict import FORCED_LOGPROBS, FORCED_TOKENS, LOGPROB_CLOSENESS
 from harness.report.categories import classify
-from harness.serialise import trace_from_dict, trace_to_dict
-from harness.trace import RequestTrace, TokenStep, Trace
 
 PROMPT = [1, 2, 3]
 
@@ -198,7 +198,7 @@ def test_agreement_table_merges_workers_and_lists_unforced_stacks() -> None:
 def test_deviation_plot_marks_disagreements_and_near_ties() -> None:
     import xml.etree.ElementTree as ET
 
-    from harness.render.deviation_plot import deviation_svg, series_of_forced
+    from harness.report.deviation_plot import deviation_svg, series_of_forced
 
     ref = trace("ref", TOKENS)
     ref.requests["r0"].steps[1] = step(11, {11: 0.46, 61: 0.44, 62: 0.1})

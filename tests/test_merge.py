@@ -15,10 +15,10 @@ import pytest
 
 from harness.lab.shard_plan import load_durations
 from harness.report import lab_report
-from harness.report.config import format_properties, read_properties
 from harness.report.generate import ReportOutcome
 from harness.report.merge import MergeError, merge_results, where_markdown
 from harness.report.results import load_results
+from harness.report.run_config import format_properties, read_properties
 
 PROPS = {"host": "lab-a", "vllm-hil commit": "abc123", "vLLM": "0.17.1", "vllm-spyre": "1.4.0",
          "stack.default": "vllm 0.17.1", "run.shard": "1/2 by count (durations: none)"}

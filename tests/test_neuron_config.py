@@ -24,11 +24,11 @@ import pytest
 
 from harness.checks.capacity import blocks_needed, full_batch_shortfall
 from harness.checks.preemption import check_full_batch
-from harness.engine.config import EngineConfig
-from harness.neuron_config import check_block_geometry, check_engine_info
-from harness.stacks import load_stack, stack_python, stack_status
-from harness.targets.neuron import NeuronTarget
-from harness.trace import StepRecord, Trace
+from harness.core.config import EngineConfig
+from harness.core.trace import StepRecord, Trace
+from harness.stacks.spec import load_stack, stack_python, stack_status
+from harness.targets.neuron.config import check_block_geometry, check_engine_info
+from harness.targets.neuron.kind import NeuronTarget
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = "neuron-config"

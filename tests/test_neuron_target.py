@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.config import ConfigError, EngineConfig
-from harness.lab.inventory import InventoryError, load_inventory, neuron_core_range
+from harness.core.config import ConfigError, EngineConfig
+from harness.lab.inventory import InventoryError, load_inventory
 from harness.lab.leases import LeaseManager
-from harness.neuron_config import (
+from harness.targets.neuron.config import (
     DEVICE_ENGINE_ENV,
     check_block_geometry,
     check_engine_info,
@@ -18,8 +18,9 @@ from harness.neuron_config import (
     parse_engine_settings,
     settings_from_env,
 )
-from harness.neuron_sdk import describe
-from harness.targets.neuron import NeuronTarget
+from harness.targets.neuron.discovery import neuron_core_range
+from harness.targets.neuron.kind import NeuronTarget
+from harness.targets.neuron.sdk import describe
 
 
 def cfg(**kw):
@@ -186,8 +187,8 @@ def test_sdk_check_says_what_is_missing_here():
 
 
 def test_a_stack_python_of_major_version_only_takes_the_sdk_environments_python(monkeypatch):
-    from harness.stack_install import find_python
-    from harness.stacks import StackError
+    from harness.stacks.install import find_python
+    from harness.stacks.spec import StackError
 
     monkeypatch.setenv("HIL_PYTHON", sys.executable)
     assert find_python("3") == sys.executable

@@ -20,11 +20,20 @@ from harness.checks.capacity import (
 )
 from harness.checks.ledger import check_idle_ledgers, check_ledger
 from harness.checks.preemption import check_full_batch, check_no_preemption
-from harness.checks.tokens import NearTiePolicy, compare_traces
-from harness.checks.verdict import Verdict, VerdictFailed
-from harness.engine.config import ConfigError, EngineConfig
-from harness.engine.host import EngineCrashed, EngineStartError, EngineTimeout
-from harness.lab.devices import DeviceScan
+from harness.checks.tokens import compare_traces, token_verdict
+from harness.core.comparison import NearTiePolicy
+from harness.core.config import ConfigError, EngineConfig
+from harness.core.devices import DeviceScan
+from harness.core.errors import EngineCrashed, EngineStartError, EngineTimeout
+from harness.core.trace import (
+    SOURCE_VLLM_SCHEDULER,
+    KvSnapshot,
+    RequestTrace,
+    StepRecord,
+    TokenStep,
+    Trace,
+)
+from harness.core.verdict import Verdict, VerdictFailed
 from harness.report import generate
 from harness.report.attachments import ledger_csv, ledger_plot_png, log_excerpt, token_diff_html
 from harness.report.categories import (
@@ -33,27 +42,19 @@ from harness.report.categories import (
     categories_json,
     classify,
 )
-from harness.report.config import (
+from harness.report.evidence import CallEvidence, ScenarioRun, run_steps_of
+from harness.report.labels import device_instance, static_labels, suite_name
+from harness.report.results import load_results
+from harness.report.run_config import (
     RunOptions,
     environment_properties,
     executor_from_env,
     format_properties,
     write_run_config,
 )
-from harness.report.evidence import CallEvidence, ScenarioRun, run_steps_of
-from harness.report.labels import device_instance, static_labels, suite_name
-from harness.report.results import load_results
 from harness.report.summary import summarize, summary_markdown
-from harness.scenario import EngineLimits, RequestSpec, Scenario
-from harness.trace import (
-    SOURCE_VLLM_SCHEDULER,
-    KvSnapshot,
-    RequestTrace,
-    StepRecord,
-    TokenStep,
-    Trace,
-)
-from harness.variants import VARIANTS
+from harness.scenario.prompts import EngineLimits, RequestSpec, Scenario
+from harness.targets.variants import VARIANTS
 
 
 def exconly(exc: BaseException) -> str:
@@ -139,7 +140,7 @@ def _real_messages() -> dict[str, tuple[str, str, str | None]]:
                         free_blocks=[2, 3], owned={"warmup-0": [1]})
     no_probe = Trace(target="vllm-cpu", steps=[StepRecord(0)])
     return {
-        "token mismatch": ("failed", *failed(cmp_.verdict(decode, PROMPTS))),
+        "token mismatch": ("failed", *failed(token_verdict(cmp_, decode, PROMPTS))),
         "recompute": ("failed", *failed(check_no_preemption(preempted))),
         "recompute (full batch)": ("failed", *failed(check_full_batch(leaky_trace(), 4))),
         "block leak": ("failed", *failed(check_ledger(leaky_trace()))),
@@ -294,7 +295,7 @@ def test_each_request_is_a_step_with_its_verdict():
     ev.on_scenario(cfg, scenario)
     ev.on_trace(cfg, scenario, dev)
     ev.on_comparison(scenario, ref, dev, cmp_, decode)
-    verdict = cmp_.verdict(decode, PROMPTS)
+    verdict = token_verdict(cmp_, decode, PROMPTS)
     ev.on_verdict(verdict, dev)
     assert len(ev.runs) == 1 and ev.runs[0].comparison is cmp_ and ev.runs[0].decode is decode
     assert ev.runs[0].verdicts == [verdict] and ev.failed_verdict is verdict

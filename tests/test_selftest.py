@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.faults import FAULTS
+from harness.in_engine.faults import FAULTS
 from harness.report.categories import classify
 from harness.report.results import labels_of, load_results
 from harness.selftest import (
@@ -50,10 +50,10 @@ def test_cards_add_their_cases_and_a_family_can_be_chosen():
 def test_the_expected_categories_are_real_categories():
     # Each case's category is one classify() gives for a message that family produces.
     samples = {
-        "token mismatch": "harness.checks.verdict.VerdictFailed: [check token_equality] token mismatch: vllm-cpu at position 5",
-        "logprob drift": "harness.checks.verdict.VerdictFailed: [check logprob_closeness] logprobs differ",
-        "block leak": "harness.checks.verdict.VerdictFailed: [check kv_ledger.conservation] kv invariant conservation broken at step 3",
-        "recompute": "harness.checks.verdict.VerdictFailed: [check full_batch] full batch never reached: max_num_seqs=4",
+        "token mismatch": "harness.core.verdict.VerdictFailed: [check token_equality] token mismatch: vllm-cpu at position 5",
+        "logprob drift": "harness.core.verdict.VerdictFailed: [check logprob_closeness] logprobs differ",
+        "block leak": "harness.core.verdict.VerdictFailed: [check kv_ledger.conservation] kv invariant conservation broken at step 3",
+        "recompute": "harness.core.verdict.VerdictFailed: [check full_batch] full batch never reached: max_num_seqs=4",
         "timeout": "harness.engine.host.EngineTimeout: engine gave no answer within 15 s; killed it",
         "engine crash / harness error":
             "harness.engine.host.EngineStartError: engine died with exit code 3 while starting",
@@ -107,7 +107,7 @@ def test_outcomes_are_a_readable_allure_suite_of_their_own_per_host(tmp_path):
 
 
 def test_a_fault_given_a_variant_is_installed_only_in_that_variants_engines(monkeypatch, capsys):
-    from harness.engine import faults
+    from harness.in_engine import faults
 
     calls = []
     monkeypatch.setitem(faults.FAULTS, "probe-fault", lambda config, **kw: calls.append(kw))

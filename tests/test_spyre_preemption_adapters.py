@@ -1,6 +1,6 @@
 """The two adapters the spyre negative control for preemption relies on, on fake inputs:
-the runner's view of a preemption (harness.engine.spyre_resume) and the per-request and
-per-step records on a vLLM that writes neither (harness.engine.legacy_preemptions)."""
+the runner's view of a preemption (harness.targets.spyre.resume) and the per-request and
+per-step records on a vLLM that writes neither (harness.targets.spyre.legacy_preemptions)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from harness.engine.legacy_preemptions import recording
-from harness.engine.spyre_resume import _rebuild
+from harness.targets.spyre.legacy_preemptions import recording
+from harness.targets.spyre.resume import _rebuild
 
 
 @dataclass

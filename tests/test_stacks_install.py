@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import stacks
-from harness.stack_locks import LockError, hashes_from_report, lock_text, read_pins
+from harness.stacks import spec as stacks
+from harness.stacks.locks import LockError, hashes_from_report, lock_text, read_pins
 
 
 @pytest.mark.parametrize("name", ["default", "legacy-spyre-0.4"])

@@ -2,8 +2,13 @@
 
 import pytest
 
-from harness.report.config import RunOptions, format_properties, read_properties, write_run_config
-from harness.stacks import StackError, list_stacks, load_stack
+from harness.report.run_config import (
+    RunOptions,
+    format_properties,
+    read_properties,
+    write_run_config,
+)
+from harness.stacks.spec import StackError, list_stacks, load_stack
 
 
 def test_results_of_two_stacks_keep_both_stack_lines(tmp_path):

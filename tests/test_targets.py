@@ -8,12 +8,13 @@ import pytest
 
 from harness import targets
 from harness.cli import nightly_selection
-from harness.engine.config import ConfigError, EngineConfig, WarmupShape
-from harness.lab.inventory import InventoryDevice, load_inventory
-from harness.reference_cache import ReferenceCache
+from harness.core.config import ConfigError, EngineConfig, WarmupShape
+from harness.core.devices import InventoryDevice
+from harness.lab.inventory import load_inventory
+from harness.reference.cache import ReferenceCache
+from harness.reference.runner import ReferenceRunner
 from harness.targets.base import EngineRunner, Runner, VllmTarget
-from harness.targets.cpu_ref import ReferenceRunner
-from harness.variants import VARIANTS
+from harness.targets.variants import VARIANTS
 
 
 def test_registry_lists_each_kind_once_in_order() -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checks.verdict import Verdict, VerdictFailed
-from harness.engine.geometry import CPU_BLOCK_SIZE, FULL_BATCH, pool_overrides
-from harness.listeners import Listeners, SessionListener
-from harness.scenario import EngineLimits
-from harness.session import HilSession, SessionOptions
-from harness.trace import Trace
+from harness.core.trace import Trace
+from harness.core.verdict import Verdict, VerdictFailed
+from harness.scenario.prompts import EngineLimits
+from harness.session.facade import HilSession, SessionOptions
+from harness.session.listeners import Listeners, SessionListener
+from harness.targets.geometry import CPU_BLOCK_SIZE, FULL_BATCH, pool_overrides
 
 
 class Recorder(SessionListener):

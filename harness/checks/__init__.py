@@ -1,0 +1,1 @@
+"""Pure checks of Traces, each returning a Verdict."""

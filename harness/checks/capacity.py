@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from harness.checks.verdict import CAPACITY, Verdict
-from harness.engine.config import ConfigError, EngineConfig
+from harness.core.config import ConfigError, EngineConfig
+from harness.core.verdict import CAPACITY, Verdict
 
 PAD_BLOCKS = 1
 

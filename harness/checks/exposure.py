@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.trace import RequestTrace, TokenStep
+from harness.core.trace import RequestTrace, TokenStep
 
 # harness.checks.tokens.NearTiePolicy's default prob_tol, the --near-tie-tol default.
 DEFAULT_TOL = 0.05

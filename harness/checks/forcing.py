@@ -1,6 +1,6 @@
 """Teacher-forced comparison: every position judged given the reference's history.
 
-In a teacher-forced run (``harness.engine.forcing``) the device decodes with the
+In a teacher-forced run (``harness.in_engine.teacher_forcing``) the device decodes with the
 reference's token fed back at each position, and records its own distribution
 first. So position N of the forced run is the device's prediction after the
 same history as the reference's position N, for every N, even past a free run's
@@ -26,9 +26,10 @@ from harness.checks.logprobs import (
     RequestDeviations,
     forced_deviations,
 )
-from harness.checks.tokens import NearTiePolicy, _near_tie_failures
-from harness.checks.verdict import FORCED_LOGPROBS, FORCED_TOKENS, Verdict
-from harness.trace import RequestTrace, TokenStep, Trace
+from harness.checks.tokens import _near_tie_failures
+from harness.core.comparison import NearTiePolicy
+from harness.core.trace import RequestTrace, TokenStep, Trace
+from harness.core.verdict import FORCED_LOGPROBS, FORCED_TOKENS, Verdict
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from harness.checks.verdict import DUMMY_PADDING, KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict
+from harness.core.trace import KvSnapshot, StepRecord, Trace, is_dummy_id
+from harness.core.verdict import DUMMY_PADDING, KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict
 from harness.render.ledger_table import format_step_table
-from harness.trace import KvSnapshot, StepRecord, Trace, is_dummy_id
 
 # How many violations a failure message lists.
 MAX_LISTED = 20

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.checks.verdict import LOGPROB_CLOSENESS, Verdict
-from harness.trace import RequestTrace, TokenStep, Trace
+from harness.core.trace import RequestTrace, TokenStep, Trace
+from harness.core.verdict import LOGPROB_CLOSENESS, Verdict
 
 # Absolute logprob tolerance (nats) per backend. The fp32 CPU paths measured at most
 # 2.1e-5 against transformers on the tiny models; 0.01 leaves room for other checkpoints

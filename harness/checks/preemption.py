@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.checks.verdict import (
+from harness.core.trace import StepRecord, Trace
+from harness.core.verdict import (
     FULL_BATCH,
     NO_PREEMPTION,
     PREEMPTION_SEEN,
@@ -25,7 +26,6 @@ from harness.checks.verdict import (
     Verdict,
 )
 from harness.render.ledger_table import format_step_table
-from harness.trace import StepRecord, Trace
 
 PREEMPTION_METRIC = "vllm:num_preemptions"
 

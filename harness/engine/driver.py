@@ -14,22 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.checks.capacity import KvPool
-from harness.engine.config import ConfigError, EngineConfig
-from harness.engine.host import (
-    EngineCrashed,
-    EngineHost,
-    EngineRequestError,
-    EngineStartError,
-    EngineTimeout,
-)
+from harness.core.config import ConfigError, EngineConfig
+from harness.core.errors import EngineCrashed, EngineRequestError, EngineStartError, EngineTimeout
+from harness.core.serialise import snapshot_from_dict, trace_from_dict
+from harness.core.trace import KvSnapshot, Trace
+from harness.engine.host import EngineHost
 from harness.engine.hygiene import EngineHygiene
 from harness.engine.pool import EnginePool
-from harness.listeners import SessionListener
-from harness.scenario import Scenario
-from harness.serialise import snapshot_from_dict, trace_from_dict
-from harness.stats import Timers
+from harness.scenario.prompts import Scenario
+from harness.session.listeners import SessionListener
+from harness.session.stats import Timers
 from harness.targets import target_for
-from harness.trace import KvSnapshot, Trace
 
 
 @dataclass(frozen=True)

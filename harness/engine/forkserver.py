@@ -4,7 +4,7 @@ A fresh engine process spends most of its start importing torch, transformers an
 vLLM. A fork server is a parent process (one per interpreter and start-up
 environment) that imports those once and forks one engine process per engine
 configuration. The forked child then behaves as a fresh ``python -m
-harness.engine.process`` would:
+harness.in_engine.process`` would:
 
 - vLLM's platform and plugins are not resolved in the parent:
   ``vllm.platforms.current_platform`` is guarded while preloading, so any module
@@ -17,7 +17,7 @@ harness.engine.process`` would:
   target that sets another one (``TORCH_COMPILE_DISABLE``) gets a parent of its own.
   The parent records which variables its imports read; a child whose late variables
   differ in one of them is started fresh instead.
-- Faults are installed in the child (``harness.engine.process`` as before), after
+- Faults are installed in the child (``harness.in_engine.process`` as before), after
   the fork, so they patch the child's copy of vLLM only.
 - Isolation: the child is its own process with its own log on stdout and stderr;
   killing it leaves the parent alone; it dies with the parent (PR_SET_PDEATHSIG),
@@ -254,7 +254,7 @@ def _child(conn: Connection, spec: dict[str, Any]) -> None:
             os.environ["HIL_FORKSERVER_AUTHKEY"] = spec["authkey"]
             code = main(["", spec["address"]], platform=True)
         else:
-            from harness.engine import process
+            from harness.in_engine import process
 
             sys.argv = [str(process.__file__), *spec["argv"]]
             print(f"[hil] engine process {os.getpid()} forked from {os.getppid()} (preloaded)",
@@ -560,7 +560,7 @@ def close_all() -> None:
 def spawn_engine(python: str, address: str, child_env: dict[str, str], cwd: str,
                  log_path: Path, logfile: IO[bytes]) -> Any:
     """The engine process for ``address``: forked from a fork server where one fits,
-    else a fresh ``python -m harness.engine.process``. Returns a Popen-like object."""
+    else a fresh ``python -m harness.in_engine.process``. Returns a Popen-like object."""
     mode = start_mode()
     if mode != "fresh":
         spec = {"env": child_env, "cwd": cwd, "argv": [address], "log": str(log_path)}
@@ -583,7 +583,7 @@ def spawn_engine(python: str, address: str, child_env: dict[str, str], cwd: str,
         except ForkServerError as e:
             log.warning("engine started as a fresh process: %s", e)
     return subprocess.Popen(
-        [python, "-m", "harness.engine.process", address],
+        [python, "-m", "harness.in_engine.process", address],
         env=child_env, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, cwd=cwd)
 
 

@@ -24,46 +24,20 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from harness.core.config import EngineConfig
+from harness.core.errors import (
+    EngineCrashed,
+    EngineRefused,
+    EngineRequestError,
+    EngineStartError,
+    EngineTimeout,
+)
+from harness.core.paths import REPO_ROOT
 from harness.engine import forkserver
-from harness.engine.config import EngineConfig
 
 log = logging.getLogger("harness.engine")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_TAIL_LINES = 60
-
-
-class EngineError(RuntimeError):
-    """An engine failed; the message says which, why, and ends with its log tail."""
-
-    def __init__(self, message: str, log_tail: str = "") -> None:
-        self.log_tail = log_tail
-        full = (
-            message
-            if not log_tail
-            else f"{message}\n--- engine log tail ---\n{log_tail}"
-        )
-        super().__init__(full)
-
-
-class EngineStartError(EngineError):
-    """The engine process did not come up."""
-
-
-class EngineRefused(EngineStartError):
-    """The engine raised during start (it refused its configuration); its process was alive."""
-
-
-class EngineCrashed(EngineError):
-    """The engine process died during a call."""
-
-
-class EngineTimeout(EngineError):
-    """The engine gave no answer in time and was killed."""
-
-
-class EngineRequestError(EngineError):
-    """The engine refused or failed one call but is still alive."""
 
 
 def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

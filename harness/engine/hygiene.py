@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.checks.ledger import Violation, check_idle, check_step, ledger_violations
-from harness.checks.verdict import INHERITED_STATE, KV_LEDGER, Verdict
+from harness.core.trace import KvSnapshot, Trace
+from harness.core.verdict import INHERITED_STATE, KV_LEDGER, Verdict
 from harness.render.ledger_table import format_step_table
-from harness.trace import KvSnapshot, Trace
 
 if TYPE_CHECKING:
-    from harness.engine.config import EngineConfig
+    from harness.core.config import EngineConfig
     from harness.engine.host import EngineHost
     from harness.engine.pool import EnginePool
 
@@ -202,7 +202,7 @@ class EngineHygiene:
         return host
 
     def _probe(self, host: EngineHost) -> tuple[str, ...]:
-        from harness.engine.host import EngineError, EngineRequestError
+        from harness.core.errors import EngineError, EngineRequestError
 
         self.stats.probes += 1
         try:

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import card, host_stack
 from harness.checks.capacity import CapacityError, check_capacity, preflight_config
-from harness.engine.config import EngineConfig
-from harness.engine.faults import FAULT_STATE_ENV
-from harness.engine.host import EngineError, EngineHost, EngineStartError
+from harness.core.config import EngineConfig
+from harness.core.errors import EngineError, EngineStartError
+from harness.engine.host import EngineHost
+from harness.in_engine.faults import FAULT_STATE_ENV
+from harness.stacks import host as host_stack
 from harness.targets import target_for
+from harness.targets.spyre import card
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class PoolSettings:
 
     reports_dir: Path
     max_live_engines: int = 3
-    start_timeout: float | None = None  # None: per backend (harness.card.start_timeout)
+    start_timeout: float | None = None  # None: per backend (harness.targets.spyre.card.start_timeout)
     engine_reuse: bool = True
 
 
@@ -48,7 +50,7 @@ def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[s
         return None, {}, {}
     if cfg.stack == host_stack.HOST:
         return host_stack.host_python(), {}, {}
-    from harness.stacks import load_stack, stack_python
+    from harness.stacks.spec import load_stack, stack_python
 
     stack = load_stack(cfg.stack)
     python = stack_python(cfg.stack)

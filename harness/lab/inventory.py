@@ -26,40 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from harness import targets
+from harness.core.config import ConfigError
+from harness.core.devices import InventoryDevice
 
 HEALTH = ("ok", "broken", "maintenance")
 
 
 class InventoryError(ValueError):
     """An inventory file that cannot be used; the message names the file and the line."""
-
-
-@dataclass(frozen=True)
-class InventoryDevice:
-    id: str
-    kind: str
-    backend: str | None = None
-    address: str | None = None
-    features: tuple[str, ...] = ()
-    health: str = "ok"
-    env: tuple[tuple[str, str], ...] = ()
-    present: bool = True
-    detail: str = ""
-
-    @property
-    def usable(self) -> bool:
-        return self.present and self.health == "ok"
-
-    def why_unusable(self) -> str:
-        if not self.present:
-            return f"device {self.id} ({self.kind}) is listed but absent: {self.detail}"
-        return f"device {self.id} ({self.kind}) has health {self.health!r} in the inventory"
-
-    @property
-    def leased(self) -> bool:
-        """Whether a pytest process must lease this device (the CPU is shared)."""
-        dk = targets.device_kind(self.kind)
-        return dk is not None and dk.leased
 
 
 @dataclass
@@ -109,28 +83,9 @@ def _parse(path: Path) -> tuple[dict[str, Any], str]:
         raise InventoryError(f"{path}: invalid TOML: {e}") from None
 
 
-def _neuron_env(e: dict[str, Any], where: str) -> dict[str, str]:
-    """A Neuron device's cores and engine table, as the environment its lease carries."""
-    from harness.engine.config import ConfigError
-    from harness.neuron_config import CORES_ENV, DEVICE_ENGINE_ENV, parse_engine_settings
-
-    out: dict[str, str] = {}
-    cores = e.get("cores")
-    if cores is not None:
-        if not isinstance(cores, str) or not all(p.strip().isdigit() for p in cores.replace("-", ",").split(",")):
-            raise InventoryError(f"{where}: cores {cores!r} must be like \"0-1\" or \"4\"")
-        out[CORES_ENV] = cores
-    if "engine" in e:
-        try:
-            out[DEVICE_ENGINE_ENV] = parse_engine_settings(e["engine"], where).to_json()
-        except ConfigError as err:
-            raise InventoryError(str(err)) from None
-    return out
-
-
 def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bool = False) -> Inventory:
     """Read and validate an inventory file; absent devices are kept, marked absent."""
-    from harness.engine.faults import check_fault_specs
+    from harness.in_engine.faults import check_fault_specs
     from harness.lab.schemas import SchemaError, check, inventory_schema
 
     if not path.is_file():
@@ -180,10 +135,17 @@ def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bo
             check_fault_specs(str(env.get("HIL_FAULTS", "")), allow_external_faults)
         except ValueError as err:
             raise InventoryError(f"{where}: env HIL_FAULTS: {err}") from None
-        if kind == "neuron":
-            env = {**env, **_neuron_env(e, where)}
-        elif "cores" in e or "engine" in e:
-            raise InventoryError(f"{where}: cores and engine are for kind neuron only")
+        if dk.inventory_env is not None:
+            try:
+                env = {**env, **dk.inventory_env(e, where)}
+            except ConfigError as err:
+                raise InventoryError(str(err)) from None
+        else:
+            own = {k: d.name for d in targets.device_kinds().values() for k in d.inventory_keys}
+            if stray := [k for k in own if k in e]:
+                owner = own[stray[0]]
+                keys = " and ".join(k for k in own if own[k] == owner)
+                raise InventoryError(f"{where}: {keys} are for kind {owner} only")
         present, detail = _present(kind, e.get("address"), root)
         devices.append(InventoryDevice(
             id=dev_id, kind=kind, backend=backend or dk.default_backend,
@@ -202,17 +164,3 @@ def discover_inventory(root: Path = Path("/")) -> Inventory:
             devices.extend(dk.to_inventory(dk.discover(root)))
     devices.append(InventoryDevice(id="cpu", kind="cpu", detail="this host's CPU"))
     return Inventory(devices=devices, source="discovery")
-
-
-def neuron_core_range(node: str, root: Path = Path("/")) -> str | None:
-    """The NeuronCores of device ``neuronN`` (``"2-3"``), from the driver's per-device
-    ``core_count`` in sysfs; None when the driver does not say (then an inventory must).
-    The count is physical cores: with logical cores (trn2, LNC=2) list ``cores`` in an inventory."""
-    try:
-        index = int(node.removeprefix("neuron"))
-        count_file = root / "sys/devices/virtual/neuron_device" / node / "core_count"
-        count = int(count_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    first = index * count
-    return f"{first}-{first + count - 1}" if count > 1 else str(first)

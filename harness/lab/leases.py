@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.lab.inventory import Inventory, InventoryDevice
+from harness.core.devices import InventoryDevice
+from harness.lab.inventory import Inventory
 from harness.lab.lease_files import LockFile, clean_stale_holders, ensure_lease_dir, write_holder
 
 

@@ -25,7 +25,7 @@ from allure_commons import plugin_manager
 from allure_commons.types import AttachmentType
 from allure_commons.utils import uuid4
 
-from harness.checks.verdict import VerdictFailed
+from harness.core.verdict import VerdictFailed
 from harness.report import attachments as att
 from harness.report.evidence import CallEvidence, StepInfo, run_steps_of
 from harness.report.labels import (
@@ -96,7 +96,7 @@ def _write_config(config: pytest.Config) -> None:
 
     if not _active(config) or _is_worker(config) or writes_nothing(config):
         return
-    from harness.report.config import RunOptions, write_run_config
+    from harness.report.run_config import RunOptions, write_run_config
 
     try:
         opt = config.getoption
@@ -182,7 +182,7 @@ def deviation_plot_of(run: Any, title: str) -> str:
     """The deviation-by-position SVG of a compared run: the teacher-forced run's where there is
     one (every position), else the free run's compared positions."""
     from harness.checks.logprobs import compare_logprobs, logprob_policy
-    from harness.render.deviation_plot import deviation_svg, series_of_forced, series_of_free_run
+    from harness.report.deviation_plot import deviation_svg, series_of_forced, series_of_free_run
 
     diverged = {d.request_id: d.position for d in getattr(run.comparison, "diffs", [])
                 if d.position is not None}
@@ -223,7 +223,7 @@ def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseE
     for config, snaps in evidence.snapshots:
         import json
 
-        from harness.serialise import snapshot_to_dict
+        from harness.core.serialise import snapshot_to_dict
 
         body = json.dumps({"engine": getattr(config, "label", None),
                            "snapshots": [snapshot_to_dict(s) for s in snaps]}, indent=1)

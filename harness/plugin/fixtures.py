@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from harness import card
-from harness.card_report import card_stack_problem
-from harness.checks.tokens import NearTiePolicy
-from harness.engine_order import save_record
-from harness.lab.devices import device_root
+from harness.core.comparison import NearTiePolicy
+from harness.core.devices import device_root
+from harness.engine.order import save_record
 from harness.lab.inventory import discover_inventory, load_inventory
 from harness.lab.lease_files import LeaseDirError
 from harness.lab.leases import LeaseManager, LeaseUnavailable
-from harness.session import HilSession, Model, SessionOptions
+from harness.session.facade import HilSession, Model, SessionOptions
 from harness.targets import kind
-from harness.variants import TargetVariant
+from harness.targets.spyre import card
+from harness.targets.spyre.card_report import card_stack_problem
+from harness.targets.variants import TargetVariant
 
 
 def _worker_id(config: pytest.Config) -> str:

@@ -11,22 +11,22 @@ from pathlib import Path
 import pytest
 
 from fixtures.models import MODEL_SPECS
-from harness.card import summary_lines
 from harness.checks.agreement import agreement_lines
 from harness.checks.exposure import exposure_lines
-from harness.engine_order import order_tests_by_engine_config
-from harness.host_stack import HOST, default_stack
-from harness.lab.devices import device_root
+from harness.core.devices import device_root
+from harness.engine.order import order_tests_by_engine_config
 from harness.lab.inventory import InventoryError, load_inventory
 from harness.lab.lease_files import default_lease_dir
 from harness.lab.quarantine import apply_quarantine, load_quarantine, quarantined_passes
 from harness.lab.shard import parse_shard, shard_key
 from harness.lab.shard_plan import DurationsError, durations_for, group_items, plan_shards
-from harness.model_check import ModelFolderError, check_model_folder
 from harness.plugin.invocation import writes_nothing
 from harness.report.root_cause import hygiene_lines
+from harness.scenario.model_folder import ModelFolderError, check_model_folder
+from harness.stacks.host import HOST, default_stack
 from harness.targets import all_modes, engine_kinds, kind_markers
-from harness.variants import VARIANTS, select_variants
+from harness.targets.spyre.card import summary_lines
+from harness.targets.variants import VARIANTS, select_variants
 
 SHARD_KEY = pytest.StashKey[object]()
 QUARANTINE_KEY = pytest.StashKey[list]()
@@ -216,7 +216,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 check_model_folder(Path(m))
             except ModelFolderError as e:
                 raise pytest.UsageError(f"--model: {e}") from None
-    from harness.engine.faults import ALLOW_EXTERNAL_ENV, parse_fault
+    from harness.in_engine.faults import ALLOW_EXTERNAL_ENV, parse_fault
 
     allow_external = bool(config.getoption("--allow-external-faults"))
     # Engines install the faults and inherit this; only the option may allow outside code.
@@ -229,7 +229,7 @@ def pytest_configure(config: pytest.Config) -> None:
             parse_fault(spec, allow_external=allow_external)
         except (ValueError, ImportError, AttributeError) as e:
             raise pytest.UsageError(f"--inject-fault: {e}") from None
-    from harness.stacks import StackError, load_stack
+    from harness.stacks.spec import StackError, load_stack
 
     # Engines and discovery read these from the environment (children inherit them).
     if config.getoption("--device-root"):

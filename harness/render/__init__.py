@@ -1,0 +1,1 @@
+"""Text for failures: the token diff and the per-step ledger table."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from harness.trace import StepRecord
+from harness.core.trace import StepRecord
 
 HEADER = ["", "step", "run", "wait", "preempted", "finished", "tkv", "src", "free", "rep",
           "pad", "owned"]

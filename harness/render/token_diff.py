@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from harness.checks.tokens import TokenDiff, TokenOutcome, TraceComparison
+from harness.core.comparison import TokenDiff, TokenOutcome, TraceComparison
 
 # How many tokens before the divergence a report shows.
 CONTEXT_TOKENS = 8

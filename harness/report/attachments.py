@@ -12,9 +12,9 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.checks.tokens import TokenDiff, TokenOutcome, TraceComparison
-from harness.checks.verdict import KV_LEDGER, Verdict
-from harness.trace import SOURCE_VLLM_SCHEDULER, RequestTrace, StepRecord, TokenStep, Trace
+from harness.core.comparison import TokenDiff, TokenOutcome, TraceComparison
+from harness.core.trace import SOURCE_VLLM_SCHEDULER, RequestTrace, StepRecord, TokenStep, Trace
+from harness.core.verdict import KV_LEDGER, Verdict
 
 # Rows of the token table kept around the first divergence when a request is long.
 ROWS_BEFORE, ROWS_AFTER, MAX_ROWS = 24, 8, 64

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.checks import verdict as checks
+from harness.core import verdict as checks
 
 FAILED, BROKEN, SKIPPED = "failed", "broken", "skipped"
 

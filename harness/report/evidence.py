@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.checks.verdict import KV_LEDGER, Verdict
-from harness.listeners import SessionListener
-from harness.trace import KvSnapshot, Trace
+from harness.core.trace import KvSnapshot, Trace
+from harness.core.verdict import KV_LEDGER, Verdict
+from harness.session.listeners import SessionListener
 
 
 @dataclass

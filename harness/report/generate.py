@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.core.paths import REPO_ROOT
 from harness.report.categories import write_categories
 from harness.report.results import ResultsFolder, load_results
 from harness.report.summary import write_summary
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOL_DIR = REPO_ROOT / "tools" / "report"
 TOOL_BIN = TOOL_DIR / "node_modules" / ".bin" / "allure"
 GENERATE_TIMEOUT = 600.0

@@ -51,7 +51,7 @@ def merge_command(sources: list[str], reports_dir: Path, report_dir: Path, summa
 def keep_durations(results_dir: Path, reports_dir: Path) -> Path | None:
     """After `hil report` of one unsharded run: its test durations, for a later split.
     A single shard's results are never used (other hosts would plan from other data)."""
-    from harness.report.config import read_properties
+    from harness.report.run_config import read_properties
 
     props = read_properties(Path(results_dir) / "environment.properties")
     folder = load_results(Path(results_dir))

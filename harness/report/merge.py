@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.report.categories import write_categories
-from harness.report.config import format_properties, read_properties
 from harness.report.results import labels_of, load_results, params_of
+from harness.report.run_config import format_properties, read_properties
 
 ARCHIVES = (".tar.gz", ".tgz", ".zip")
 # environment.properties keys that must agree between shards of one nightly.

@@ -1,4 +1,4 @@
-"""The kind registry: every module here that sets ``KIND`` is a target kind.
+"""The kind registry: every package here whose ``kind`` module sets ``KIND`` is a target kind.
 
 Adding a device kind means adding one module (see the README, "Adding a device
 kind"); nothing else names kinds. The lookups the rest of the harness uses:
@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import TYPE_CHECKING
 
-from harness.engine.config import ConfigError, EngineConfig
+from harness.core.config import ConfigError, EngineConfig, add_config_rule
+from harness.core.devices import InventoryDevice, describe_device_kind
 from harness.targets.base import DeviceKind, TargetKind, TargetVariant, VllmTarget
-
-if TYPE_CHECKING:
-    from harness.lab.inventory import InventoryDevice
 
 
 def _load() -> dict[str, type[TargetKind]]:
     found: list[type[TargetKind]] = []
     for info in pkgutil.iter_modules(__path__):
-        if info.name == "base":
+        if not info.ispkg:  # a kind is a package; its ``kind`` module declares it
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        module = importlib.import_module(f"{__name__}.{info.name}.kind")
         declared = getattr(module, "KIND", None)
         if declared is not None:
             found.append(declared)
@@ -102,3 +99,19 @@ def nightly_markers(devices: list[InventoryDevice]) -> list[str]:
         if v.platform_marker not in wanted and any(k.serves(d, v.backend, v.mode) for d in devices):
             wanted.append(v.platform_marker)
     return wanted
+
+
+def _kind_rules(cfg: EngineConfig) -> None:
+    """The registry's part of validating an EngineConfig: a known engine kind, then its own rules."""
+    target = kind(cfg.target)
+    if cfg.target not in engine_kinds():
+        raise ConfigError(
+            f"{cfg.target!r} runs no engine; engine targets: {', '.join(engine_kinds())}"
+        )
+    if cfg.max_model_len > 0 and cfg.max_num_seqs > 0:
+        target.validate(cfg)
+
+
+add_config_rule(_kind_rules)
+for _device in device_kinds().values():
+    describe_device_kind(_device.name, _device.label, _device.leased)

@@ -20,13 +20,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from harness.engine.config import ConfigError, EngineConfig, WarmupShape
+from harness.core.config import ConfigError, EngineConfig, WarmupShape
+from harness.core.devices import DeviceScan, InventoryDevice
 
 if TYPE_CHECKING:
-    from harness.lab.devices import DeviceScan
-    from harness.lab.inventory import InventoryDevice
-    from harness.scenario import EngineLimits, Scenario
-    from harness.trace import Trace
+    from harness.core.trace import Trace
+    from harness.scenario.prompts import EngineLimits, Scenario
 
 # Nothing may come from a model hub or phone home during a run.
 OFFLINE_ENV = {
@@ -58,6 +57,12 @@ class DeviceKind:
     discover: Callable[[Path], DeviceScan] | None = None  # sysfs / /dev scan
     # The inventory entries discovery makes of a scan (ids, env per device).
     to_inventory: Callable[[DeviceScan], list[InventoryDevice]] | None = None
+    # The environment an inventory entry's kind-specific keys give its lease (``where`` names
+    # the entry in errors, raised as ConfigError); None: the kind has no keys of its own.
+    inventory_env: Callable[[dict[str, Any], str], dict[str, str]] | None = None
+    inventory_keys: tuple[str, ...] = ()  # those keys, refused on every other kind
+    # Driver or firmware versions the host shows for this kind, for the report's environment.
+    host_properties: Callable[[Path, DeviceScan], dict[str, str]] | None = None
 
     @property
     def default_backend(self) -> str | None:

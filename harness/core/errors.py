@@ -1,0 +1,36 @@
+"""What goes wrong with an engine, as exceptions every stage can catch without knowing the engine's host."""
+
+from __future__ import annotations
+
+
+class EngineError(RuntimeError):
+    """An engine failed; the message says which, why, and ends with its log tail."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        full = (
+            message
+            if not log_tail
+            else f"{message}\n--- engine log tail ---\n{log_tail}"
+        )
+        super().__init__(full)
+
+
+class EngineStartError(EngineError):
+    """The engine process did not come up."""
+
+
+class EngineRefused(EngineStartError):
+    """The engine raised during start (it refused its configuration); its process was alive."""
+
+
+class EngineCrashed(EngineError):
+    """The engine process died during a call."""
+
+
+class EngineTimeout(EngineError):
+    """The engine gave no answer in time and was killed."""
+
+
+class EngineRequestError(EngineError):
+    """The engine refused or failed one call but is still alive."""

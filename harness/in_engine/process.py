@@ -1,0 +1,441 @@
+"""The engine side of EngineHost: runs inside the engine's own process.
+
+Started as ``python -m harness.in_engine.process ADDRESS`` with the target's
+environment already applied; vLLM is imported only after fault hooks ran, so
+a hook can patch vLLM or a plugin before the engine is built. Commands build
+typed records (``harness.core.trace``) and serialise them only when answering.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+from harness.core.serialise import snapshot_to_dict, trace_to_dict
+from harness.core.trace import (
+    SOURCE_VLLM_SCHEDULER,
+    KvSnapshot,
+    RequestTrace,
+    StepRecord,
+    TokenStep,
+    Trace,
+)
+
+
+def _error(e: BaseException) -> tuple[str, dict[str, str]]:
+    return "error", {
+        "type": type(e).__name__,
+        "message": str(e).strip().splitlines()[-1] if str(e).strip() else repr(e),
+        "traceback": traceback.format_exc(),
+    }
+
+
+def metric_values(llm: Any) -> dict[str, float]:
+    """Counters and gauges from the engine's Prometheus metrics, by name."""
+    values: dict[str, float] = {}
+    for m in llm.get_metrics():
+        value = getattr(m, "value", None)
+        if isinstance(value, (int, float)):
+            values[m.name] = values.get(m.name, 0.0) + float(value)
+    return values
+
+
+def metric_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def request_trace(
+    request_id: str, out: Any, fallback_prompt: list[int], num_preemptions: int = 0
+) -> RequestTrace:
+    """A vLLM RequestOutput as a RequestTrace (tokens with top-k logprobs)."""
+    comp = out.outputs[0]
+    steps = []
+    for pos, tid in enumerate(comp.token_ids):
+        lp_map = comp.logprobs[pos] if comp.logprobs else {}
+        top = {int(t): float(lp.logprob) for t, lp in lp_map.items()}
+        steps.append(TokenStep(int(tid), top.get(int(tid), float("nan")), top))
+    return RequestTrace(
+        request_id=request_id,
+        prompt_token_ids=list(out.prompt_token_ids or fallback_prompt),
+        steps=steps,
+        num_preemptions=num_preemptions,
+        finish_reason=comp.finish_reason,
+    )
+
+
+def _answer(trace: Trace, compute_seconds: float,
+            probe: dict[str, float] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {"trace": trace_to_dict(trace), "compute_seconds": compute_seconds}
+    if probe is not None:  # time spent reading KV ledgers (step-driven runs)
+        answer["probe"] = probe
+    return answer
+
+
+class EngineSide:
+    """Owns the vllm.LLM and answers the host's commands."""
+
+    def __init__(self, config: dict[str, Any], llm_kwargs: dict[str, Any]) -> None:
+        self.config = config
+        from harness.in_engine import faults
+
+        device = os.environ.get("HIL_DEVICE_ID", "cpu (shared)")
+        print(f"[hil] engine {config.get('target')} {config.get('mode') or ''} on device {device}",
+              flush=True)
+        faults.apply_faults(list(config.get("faults", [])), config)
+        from vllm import LLM
+
+        from harness.in_engine import teacher_forcing as forcing
+
+        llm_kwargs = dict(llm_kwargs)
+        self.forcing_unsupported = forcing.install(llm_kwargs)
+        self.llm = LLM(**llm_kwargs)
+        self.compute_seconds = 0.0
+        self._time_forward_passes()
+        faults.arm()
+
+    def _time_forward_passes(self) -> None:
+        """Accumulate the time the executor spends running the model (the compute floor)."""
+        import time
+
+        executor = self.llm.llm_engine.engine_core.engine_core.model_executor
+        original = executor.execute_model
+
+        def execute_model(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                self.compute_seconds += time.perf_counter() - t0
+
+        executor.execute_model = execute_model
+
+    def info(self) -> dict[str, Any]:
+        import vllm
+        from vllm.platforms import current_platform
+
+        vcfg = self.llm.llm_engine.vllm_config
+        info: dict[str, Any] = {
+            "platform": type(current_platform).__name__,
+            "platform_module": type(current_platform).__module__,
+            # What a Neuron runtime in this process reads for its cores (None elsewhere).
+            "visible_cores": os.environ.get("NEURON_RT_VISIBLE_CORES"),
+            "vllm_version": vllm.__version__,
+            "num_gpu_blocks": vcfg.cache_config.num_gpu_blocks,
+            "block_size": vcfg.cache_config.block_size,
+            "max_model_len": vcfg.model_config.max_model_len,
+            "max_num_seqs": vcfg.scheduler_config.max_num_seqs,
+            "pid": os.getpid(),
+            # None: teacher-forced requests run here; else why not.
+            "teacher_forcing_unsupported": self.forcing_unsupported,
+        }
+        try:
+            snaps = self.snapshots()
+            real = [k for k in snaps if k.source != SOURCE_VLLM_SCHEDULER] or snaps
+            if real:
+                info["kv_source"] = real[-1].source
+                info["kv_num_blocks"] = real[-1].num_blocks
+                info["kv_block_size"] = real[-1].block_size
+                info["kv_pad_blocks"] = len(real[-1].pad_blocks)
+        except Exception as e:  # the ledger is optional for serving; say why it is absent
+            info["kv_error"] = repr(e)
+        try:
+            from harness.targets.spyre.card import engine_card_info
+
+            info["card"] = engine_card_info()
+        except Exception as e:  # the card check then fails saying what is missing
+            info["card"] = {"error": repr(e)}
+        try:
+            import vllm_spyre
+
+            info["vllm_spyre_version"] = getattr(vllm_spyre, "__version__", "?")
+        except ImportError:
+            pass
+        return info
+
+    def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Run all requests in one engine call; greedy, ignore_eos, top-k logprobs."""
+        from vllm import SamplingParams
+
+        reqs = payload["requests"]
+        k = int(payload["logprobs"])
+        prompts = [{"prompt_token_ids": list(r["prompt_token_ids"])} for r in reqs]
+        params = [
+            SamplingParams(
+                temperature=0.0,
+                max_tokens=int(r["max_tokens"]),
+                ignore_eos=True,
+                logprobs=k,
+                detokenize=False,
+            )
+            for r in reqs
+        ]
+        before = metric_values(self.llm)
+        compute0 = self.compute_seconds
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.drain()  # leave the engine idle for the next test
+        after = metric_values(self.llm)
+        trace = Trace(target="", metrics=metric_delta(before, after))
+        for r, out in zip(reqs, outputs, strict=True):
+            trace.requests[r["request_id"]] = request_trace(r["request_id"], out, r["prompt_token_ids"])
+        if payload.get("teacher") and self.forcing_unsupported is None:
+            trace.forced = self._forced(reqs, payload["teacher"], k)
+        return _answer(trace, self.compute_seconds - compute0)
+
+    def _forced(self, reqs: list[dict[str, Any]], teacher: dict[str, list[int]],
+                k: int) -> dict[str, RequestTrace]:
+        """The teacher-forced run (``harness.in_engine.teacher_forcing``): the requests again, in one
+        batch, each fed the reference's tokens ``teacher[request_id]``."""
+        from vllm import SamplingParams
+
+        from harness.in_engine.teacher_forcing import EXTRA_ARG, forced_request_trace
+
+        todo = [r for r in reqs if teacher.get(r["request_id"])]
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=len(teacher[r["request_id"]]),
+                           ignore_eos=True, logprobs=k, detokenize=False,
+                           extra_args={EXTRA_ARG: list(teacher[r["request_id"]])})
+            for r in todo
+        ]
+        prompts = [{"prompt_token_ids": list(r["prompt_token_ids"])} for r in todo]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False) if todo else []
+        self.drain()
+        return {r["request_id"]: forced_request_trace(r["request_id"], out, r["prompt_token_ids"])
+                for r, out in zip(todo, outputs, strict=True)}
+
+    # -- step-driven runs -----------------------------------------------------
+    def _engine_core(self) -> Any:
+        return self.llm.llm_engine.engine_core.engine_core
+
+    def _model_runner(self) -> Any:
+        core = self._engine_core()
+        return core.model_executor.driver_worker.worker.model_runner
+
+    def _capture_schedule(self) -> list[Any]:
+        """Record every SchedulerOutput (for preempted and finished ids per step)."""
+        sched = self._engine_core().scheduler
+        if not hasattr(self, "_sched_outputs"):
+            from harness.targets.spyre.legacy_preemptions import recorded_schedule
+
+            self._sched_outputs: list[Any] = []
+            original = recorded_schedule(sched)  # vLLM 0.9: adds the preemption records
+
+            def schedule(*a: Any, **kw: Any) -> Any:
+                out = original(*a, **kw)
+                self._sched_outputs.append(out)
+                return out
+
+            sched.schedule = schedule
+        return self._sched_outputs
+
+    def _executed_tokens(self) -> Any:
+        """Count the tokens the executor runs per request (installed once)."""
+        if not hasattr(self, "_executed"):
+            from harness.in_engine.executed import ExecutedTokens
+
+            self._executed = ExecutedTokens(self._engine_core().model_executor)
+        return self._executed
+
+    def drain(self) -> int:
+        """Step until the runner has been told of every finished request (idle).
+
+        ``LLM.generate`` returns when the last request finishes, one step before the
+        runner hears of it and frees its blocks; the engine's next step delivers that.
+        Returns the number of steps taken.
+        """
+        engine = self.llm.llm_engine
+        sched = self._engine_core().scheduler
+        steps = 0
+        while sched.has_requests() and not engine.has_unfinished_requests():
+            engine.step()
+            steps += 1
+            if steps > 100:
+                raise RuntimeError("engine did not become idle within 100 steps after its requests finished")
+        return steps
+
+    def snapshots(self, tracker: Any = None) -> list[KvSnapshot]:
+        """The KV ledgers of this engine right now (scheduler, and runner where it has one);
+        with a ``DeltaTracker``, large pools may answer with deltas."""
+        from harness.in_engine.probes import snapshot_engine
+
+        return snapshot_engine(self._engine_core(), tracker)
+
+    def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
+        """``snapshots()`` for the host."""
+        return [snapshot_to_dict(s) for s in self.snapshots()]
+
+    def run_steps(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Drive requests through the engine one step at a time, recording each step.
+
+        Requests arrive at their ``arrival_step``; stepping goes on until the
+        scheduler has nothing left, including finished ids not yet delivered to
+        the runner, so the last step is the one where the runner frees them.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from harness.in_engine.probe_delta import DeltaTracker
+
+        probe = bool(payload.get("probe", True))
+        max_steps = int(payload.get("max_steps", 2000))
+        k = int(payload["logprobs"])
+        engine = self.llm.llm_engine
+        core = self._engine_core()
+        sched = core.scheduler
+        sched_outputs = self._capture_schedule()
+        executed = self._executed_tokens()
+        runner = self._model_runner()
+
+        def scenario_id(engine_id: str) -> str:  # engine ids carry a suffix
+            return internal.get(engine_id, engine_id)
+
+        def scenario_ids(ids: Any) -> list[str]:
+            return [scenario_id(str(i)) for i in ids or ()]
+
+        tracker = DeltaTracker()
+        # Reads where some pool was read in full, and reads that were deltas only.
+        probe_cost = {"full_reads": 0, "full_seconds": 0.0, "delta_reads": 0, "delta_seconds": 0.0}
+
+        def kv(last: bool = False) -> list[KvSnapshot]:
+            if not probe:
+                return []
+            t0 = time.perf_counter()
+            tracker.force_full = last  # the idle point gets a full snapshot
+            snaps = self.snapshots(tracker)
+            for snap in snaps:
+                snap.owned = {scenario_id(k): v for k, v in snap.owned.items()}
+                if snap.reserved is not None:
+                    snap.reserved = {scenario_id(k): v for k, v in snap.reserved.items()}
+                if snap.serving is not None:
+                    snap.serving = [scenario_id(k) for k in snap.serving]
+                snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
+            kind = "delta" if all(k.is_delta() for k in snaps) else "full"
+            probe_cost[f"{kind}_reads"] += 1
+            probe_cost[f"{kind}_seconds"] += time.perf_counter() - t0
+            return snaps
+
+        pending = sorted(payload["requests"], key=lambda r: int(r.get("arrival_step", 0)))
+        internal: dict[str, str] = {}  # engine request id -> scenario request id
+        preemptions: dict[str, int] = {}
+        finals: dict[str, Any] = {}
+        self.drain()  # the initial snapshot must be an idle point
+        before = metric_values(self.llm)
+        compute0 = self.compute_seconds
+        initial = StepRecord(step=-1, tkv=getattr(runner, "tkv", None), kv=kv())
+        executed.take()  # what the drain ran belongs to no step of this run
+        steps: list[StepRecord] = []
+        step = 0
+        while pending or sched.has_requests():
+            while pending and int(pending[0].get("arrival_step", 0)) <= step:
+                r = pending.pop(0)
+                params = SamplingParams(
+                    temperature=0.0,
+                    max_tokens=int(r["max_tokens"]),
+                    ignore_eos=True,
+                    logprobs=k,
+                    detokenize=False,
+                    output_kind=RequestOutputKind.FINAL_ONLY,
+                )
+                rid = engine.add_request(
+                    r["request_id"], {"prompt_token_ids": list(r["prompt_token_ids"])}, params
+                )
+                internal[str(rid or r["request_id"])] = r["request_id"]
+            n_sched = len(sched_outputs)
+            outs = engine.step() if sched.has_requests() else []
+            so = sched_outputs[-1] if len(sched_outputs) > n_sched else None
+            for rid, req in sched.requests.items():
+                preemptions[scenario_id(rid)] = int(getattr(req, "num_preemptions", 0))
+            finished_now = []
+            for o in outs:
+                if o.finished:
+                    finals[o.request_id] = o
+                    finished_now.append(scenario_id(o.request_id))
+            steps.append(
+                StepRecord(
+                    step=step,
+                    scheduled=so is not None,
+                    running=scenario_ids(r.request_id for r in sched.running),
+                    waiting=scenario_ids(r.request_id for r in sched.waiting),
+                    finished=finished_now,
+                    preempted=sorted(scenario_ids(getattr(so, "preempted_req_ids", None))),
+                    delivered_finished=sorted(scenario_ids(getattr(so, "finished_req_ids", None))),
+                    preemptions={scenario_id(rid): int(getattr(req, "num_preemptions", 0))
+                                 for rid, req in sched.requests.items()},
+                    num_scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
+                    tkv=getattr(runner, "tkv", None),
+                    kv=kv(last=not (pending or sched.has_requests())),
+                    executed={scenario_id(r): n for r, n in executed.take().items()},
+                )
+            )
+            step += 1
+            if step > max_steps:
+                raise RuntimeError(
+                    f"scenario did not finish within {max_steps} engine steps; still running"
+                    f" {[r.request_id for r in sched.running]}, waiting"
+                    f" {[r.request_id for r in sched.waiting]}"
+                )
+        after = metric_values(self.llm)
+        trace = Trace(target="", steps=steps, initial=initial,
+                      idle_at_end=not sched.has_requests(), metrics=metric_delta(before, after))
+        for rid, out in finals.items():
+            sid = scenario_id(rid)
+            trace.requests[sid] = request_trace(sid, out, [], preemptions.get(sid, 0))
+        return _answer(trace, self.compute_seconds - compute0, probe_cost if probe else None)
+
+    def metrics(self, _payload: Any = None) -> dict[str, float]:
+        return metric_values(self.llm)
+
+
+def serve(conn: Connection) -> int:
+    op, payload = conn.recv()
+    if op != "start":
+        conn.send(("error", {"type": "ProtocolError", "message": f"expected start, got {op}"}))
+        return 2
+    try:
+        side = EngineSide(payload["config"], payload["llm_kwargs"])
+        conn.send(("ok", side.info()))
+    except BaseException as e:  # the host reports it with the log tail
+        traceback.print_exc()
+        conn.send(_error(e))
+        return 1
+    while True:
+        try:
+            op, payload = conn.recv()
+        except EOFError:
+            return 0
+        if op == "shutdown":
+            return 0
+        handler = getattr(side, op, None)
+        if handler is None or op.startswith("_"):
+            conn.send(
+                (
+                    "error",
+                    {"type": "ProtocolError", "message": f"unknown command {op!r}"},
+                )
+            )
+            continue
+        try:
+            conn.send(("ok", handler(payload)))
+        except Exception as e:
+            traceback.print_exc()
+            conn.send(_error(e))
+
+
+def main(argv: list[str]) -> int:
+    authkey = bytes.fromhex(os.environ.pop("HIL_ENGINE_AUTHKEY"))
+    conn = Client(argv[1], family="AF_UNIX", authkey=authkey)
+    try:
+        return serve(conn)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: engine threads can hang it.
+    os._exit(code)

@@ -1,0 +1,1 @@
+"""The session a suite talks to (HilSession), what it tells listeners, and what it counts."""

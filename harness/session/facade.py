@@ -1,0 +1,355 @@
+"""HilSession: what a suite talks to, a facade over small parts.
+
+Models and prompt sets (``ModelCatalog``), engines (``EnginePool`` and
+``EngineDriver``), the CPU reference (``ReferenceRunner`` with its disk cache),
+and the checks (``harness.checks``, which return ``Verdict``s). One session
+lives per pytest process (per xdist worker); its listeners (the report) hear
+what it ran and which verdicts it reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.checks.agreement import AgreementTally
+from harness.checks.capacity import KvPool
+from harness.checks.exposure import ExposureTally
+from harness.checks.forcing import compare_forced
+from harness.checks.ledger import check_idle_ledgers, check_ledger
+from harness.checks.logprobs import compare_logprobs, logprob_policy
+from harness.checks.tokens import compare_traces, token_verdict
+from harness.core.comparison import NearTiePolicy
+from harness.core.config import ConfigError, EngineConfig
+from harness.core.errors import EngineRefused
+from harness.core.trace import KvSnapshot, Trace
+from harness.core.verdict import FORCED_TOKENS, Verdict, VerdictFailed
+from harness.engine.driver import DriverSettings, EngineDriver
+from harness.engine.hygiene import EngineHygiene, judge_snapshots, judge_trace
+from harness.engine.pool import EnginePool, PoolSettings
+from harness.lab.leases import LeaseManager
+from harness.reference.cache import ReferenceCache
+from harness.reference.runner import ReferenceRunner
+from harness.scenario.catalog import Model, ModelCatalog
+from harness.scenario.prompts import PromptSet, Scenario
+from harness.session.listeners import Listeners, SessionListener
+from harness.session.stats import SessionStats, Timers
+from harness.stacks import host as host_stack
+from harness.targets.geometry import pool_overrides
+from harness.targets.spyre import card
+from harness.targets.variants import TargetVariant
+
+__all__ = ["HilSession", "Model", "SessionOptions"]
+
+
+@dataclass
+class SessionOptions:
+    cache_dir: Path
+    reports_dir: Path
+    near_tie: NearTiePolicy = field(default_factory=NearTiePolicy)
+    near_tie_tol_sendnn: float = card.NEAR_TIE_TOL_SENDNN  # the card computes fp16
+    engine_reuse: bool = True
+    reference_cache: bool = True
+    max_live_engines: int = 3
+    start_timeout: float | None = None  # None: per backend (harness.targets.spyre.card.START_TIMEOUTS)
+    call_timeout: float = 900.0
+    faults: tuple[str, ...] = ()
+    kv_probe: bool = True
+    stack: str = "default"
+    plan_only: bool = False  # record each test's engine configuration, start nothing
+    engine_replace: bool = True  # replace an engine an earlier test left dirty (else: inherited)
+    logprob_tol: float | None = None  # None: per backend (harness.checks.logprobs.DEFAULT_TOLS)
+    logprob_tol_card: float | None = None
+    teacher_forcing: bool = True
+
+
+class HilSession:
+    """The harness facade used by suites through the ``hil`` fixture."""
+
+    def __init__(self, opts: SessionOptions, leases: LeaseManager | None = None) -> None:
+        self.opts = opts
+        self.leases = leases
+        self.timers = Timers()
+        self.listeners = Listeners()
+        self.models = ModelCatalog(opts.cache_dir)
+        self.ref_cache = ReferenceCache(opts.cache_dir / "reference", enabled=opts.reference_cache)
+        self._refs: dict[str, ReferenceRunner] = {}
+        self.near_ties: list[str] = []
+        # The reference's confidence per model: how much its token equality can mean.
+        self.exposure = ExposureTally(opts.near_tie.prob_tol)
+        # Teacher-forced agreement per target and model, and why a stack could not force.
+        self.agreement = AgreementTally()
+        self.current_test = ""
+        self.test_configs: dict[str, str] = {}  # test node id -> its first engine configuration
+        self.refusal_expected = False  # set by expect_refusal() around a start the test expects to fail
+        self._pool = EnginePool(PoolSettings(
+            reports_dir=opts.reports_dir, max_live_engines=opts.max_live_engines,
+            start_timeout=opts.start_timeout, engine_reuse=opts.engine_reuse))
+        self.engines = EngineDriver(
+            self._pool,
+            DriverSettings(call_timeout=opts.call_timeout, top_k=opts.near_tie.top_k,
+                           kv_probe=opts.kv_probe),
+            self.timers, self.listeners, self._device_failed, before_call=self._before_call)
+        self.hygiene = EngineHygiene(self.engines.probe_idle,
+                                     lambda: self.current_test, replace=opts.engine_replace)
+        self.engines.hygiene = self.hygiene
+
+    # -- test lifecycle and listeners --------------------------------------------
+    def begin_test(self, nodeid: str) -> None:
+        """Name the running test (a device that fails is marked broken by it)."""
+        self.current_test = nodeid
+
+    def add_listener(self, listener: SessionListener) -> None:
+        self.listeners.add(listener)
+
+    def remove_listener(self, listener: SessionListener) -> None:
+        self.listeners.remove(listener)
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Add the wall time of the block to ``timers[name]`` (the benchmark's split)."""
+        with self.timers.timed(name):
+            yield
+
+    # -- models and prompts -------------------------------------------------
+    def model(self, value: str) -> Model:
+        """Resolve ``tiny-llama``/``tiny-granite`` (built on demand) or a local folder."""
+        return self.models.model(value)
+
+    def scenario(self, prompt_set: str | PromptSet, case: str, model: Model) -> Scenario:
+        return self.models.scenario(prompt_set, case, model)
+
+    # -- engines ------------------------------------------------------------
+    def engine_config(
+        self, variant: TargetVariant, model: Model, scenario: Scenario,
+        pool: str | None = None, **overrides: Any,
+    ) -> EngineConfig:
+        """The engine of ``variant`` for ``scenario``; ``pool`` names a KV pool preset
+        (``harness.targets.geometry``) that each target turns into its own settings."""
+        overrides = {**pool_overrides(variant.target, pool, scenario.limits), **overrides}
+        if self.opts.faults and "faults" not in overrides:
+            overrides["faults"] = self.opts.faults
+        overrides.setdefault("stack", self.opts.stack)
+        return variant.engine_config(str(model.path), scenario.limits, **overrides)
+
+    def stack_problem(self, variant: TargetVariant, markers: tuple[str, ...] = ()) -> str | None:
+        """Why ``variant`` (in a test with these markers) cannot run on this session's stack."""
+        if host_stack.is_unpinned(self.opts.stack):
+            return None
+        from harness.stacks.spec import load_stack, stack_python
+
+        stack = load_stack(self.opts.stack)
+        for m in markers:
+            if m in stack.unsupported_suites:
+                return f"suite {m} does not run on stack {stack.name}: {stack.unsupported_suites[m]}"
+        if variant.id in stack.unsupported:
+            return f"{variant.id} does not run on stack {stack.name}: {stack.unsupported[variant.id]}"
+        if stack.targets and variant.id not in stack.targets:
+            return f"{variant.id} is not among the targets of stack {stack.name}"
+        if stack_python(stack.name) is None:
+            return f"stack {stack.name} is not installed: run ./setup.sh --stack {stack.name}"
+        return None
+
+    def check_scenario(self, cfg: EngineConfig, scenario: Scenario) -> None:
+        """Refuse requests the engine would refuse, before any engine starts."""
+        self.engines.check_scenario(cfg, scenario)
+
+    def generate(self, cfg: EngineConfig, scenario: Scenario,
+                 teacher: Trace | None = None) -> Trace:
+        """Run every request of ``scenario`` in one engine call on the engine of ``cfg``; with
+        ``teacher`` (the reference), that call also runs each request teacher-forced with the
+        reference's tokens (``Trace.forced``; off with ``--no-teacher-forcing``)."""
+        if not self.opts.teacher_forcing:
+            teacher = None
+        return self.engines.generate(cfg, scenario, teacher)
+
+    def run_steps(self, cfg: EngineConfig, scenario: Scenario, probe: bool | None = None) -> Trace:
+        """Drive ``scenario`` one engine step at a time, recording scheduler and KV state."""
+        return self.engines.run_steps(cfg, scenario, probe)
+
+    def kv_snapshot(self, cfg: EngineConfig) -> list[KvSnapshot]:
+        """The engine's KV ledgers right now (after start-up: an idle point)."""
+        return self.engines.kv_snapshot(cfg)
+
+    def kv_pool(self, cfg: EngineConfig) -> KvPool:
+        """The KV pool (block count, size, pad blocks) the engine of ``cfg`` decided on."""
+        return self.engines.kv_pool(cfg)
+
+    def engine_started(self, cfg: EngineConfig) -> bool:
+        """Whether this session started an engine of ``cfg``."""
+        return self._pool.was_started(cfg)
+
+    def _before_call(self, cfg: EngineConfig) -> None:
+        """Record the test's engine configuration (the test order of the next run); in a plan
+        pass (``--hil-plan``) start nothing."""
+        from harness.engine.order import config_id
+
+        self.test_configs.setdefault(self.current_test, config_id(cfg))
+        if self.opts.plan_only:
+            import pytest
+
+            pytest.skip(f"plan only: recorded engine configuration {cfg.label}")
+
+    @contextlib.contextmanager
+    def expect_refusal(self) -> Iterator[None]:
+        """Within this block an engine that refuses to start (raises during start, process alive)
+        does not mark its device broken; a crash or hang at start still does."""
+        self.refusal_expected = True
+        try:
+            yield
+        finally:
+            self.refusal_expected = False
+
+    def _device_failed(self, cfg: EngineConfig, error: Exception) -> None:
+        # A refusal the test expects (it asserts on it) is the device working as specified.
+        if self.refusal_expected and isinstance(error, EngineRefused):
+            return
+        self._mark_device_broken(cfg, error)
+
+    def _mark_device_broken(self, cfg: EngineConfig, error: Exception) -> None:
+        if cfg.device and self.leases is not None:
+            for lease in self.leases.held.values():
+                if lease.device.id == cfg.device:
+                    self.leases.mark_broken(lease.device, self.current_test, str(error))
+
+    # -- the reference --------------------------------------------------------
+    def reference(self, model: Model, scenario: Scenario) -> Trace:
+        """CPU reference outputs for every request (cached on disk)."""
+        for r in scenario.requests:
+            if len(r.prompt_token_ids) + r.max_tokens > scenario.limits.max_model_len:
+                raise ConfigError(
+                    f"scenario {scenario.name}, request {r.request_id}: prompt of"
+                    f" {len(r.prompt_token_ids)} tokens + max_tokens {r.max_tokens} exceeds"
+                    f" max_model_len {scenario.limits.max_model_len}"
+                )
+        runner = self._refs.get(model.content_hash)
+        if runner is None:
+            runner = ReferenceRunner(model.path, model.content_hash, self.ref_cache,
+                                     top_k=self.opts.near_tie.top_k)
+            self._refs[model.content_hash] = runner
+        with self.timers.timed("reference"):
+            trace = runner.generate(scenario)
+        for r in trace.requests.values():
+            self.exposure.add(model.label, r)
+        return trace
+
+    # -- checks -------------------------------------------------------------
+    def check_tokens(
+        self, model: Model, scenario: Scenario, trace: Trace, reference: Trace | None = None
+    ) -> Verdict:
+        """Token equality of ``trace`` against the CPU reference (computed when not given);
+        accepted near-ties are kept for the run summary."""
+        reference = self.reference(model, scenario) if reference is None else reference
+        with self.timers.timed("checks"):
+            policy = card.near_tie_policy(self.opts.near_tie, trace.target,
+                                          self.opts.near_tie_tol_sendnn)
+            comparison = compare_traces(reference, trace, policy=policy)
+            verdict = token_verdict(comparison, model.decode, scenario.prompts_by_id())
+        for d in comparison.near_ties:
+            self.near_ties.append(
+                f"{trace.target} {scenario.name} request {d.request_id} position {d.position}"
+            )
+        self.listeners.on_comparison(scenario, reference, trace, comparison, model.decode)
+        return verdict
+
+    def check_logprobs(self, scenario: Scenario, trace: Trace, reference: Trace) -> Verdict:
+        """Logprob closeness of the free run: every token both sides chose after the same
+        history has the reference's logprob within the backend's tolerance."""
+        with self.timers.timed("checks"):
+            policy = logprob_policy(trace.target, self.opts.logprob_tol, self.opts.logprob_tol_card)
+            return compare_logprobs(reference, trace, policy).verdict()
+
+    def check_forced(self, model: Model, scenario: Scenario, trace: Trace,
+                     reference: Trace) -> list[Verdict]:
+        """The teacher-forced run of ``trace`` (``hil.generate(..., teacher=reference)``): every
+        position's argmax equal to the reference's or a near-tie there, and its logprob of the
+        reference's token within tolerance. Where the engine cannot force, one passing verdict
+        saying so (the run summary lists it too)."""
+        reason = trace.info.get("teacher_forcing_unsupported")
+        if not self.opts.teacher_forcing:
+            reason = "off (--no-teacher-forcing)"
+        if reason or not trace.forced:
+            why = f"teacher forcing not run on {trace.target}: {reason or 'no forced output'}"
+            self.agreement.unsupported(trace.target, model.label, why)
+            if reason:
+                return [Verdict.passed(FORCED_TOKENS, why)]
+        with self.timers.timed("checks"):
+            near_tie = card.near_tie_policy(self.opts.near_tie, trace.target,
+                                            self.opts.near_tie_tol_sendnn)
+            policy = logprob_policy(trace.target, self.opts.logprob_tol, self.opts.logprob_tol_card)
+            forced = compare_forced(reference, trace, near_tie, policy)
+            verdicts = forced.verdicts()
+        self.agreement.add(trace.target, model.label, forced)
+        self.listeners.on_forced(scenario, reference, trace, forced)
+        return verdicts
+
+    def check_ledger(self, trace: Trace) -> Verdict:
+        """Every KV ledger invariant at every step of a step-driven ``trace``."""
+        with self.timers.timed("checks"):
+            verdict = check_ledger(trace)
+        inherited = self.hygiene.inherited(self.current_test, trace.target)
+        return verdict if inherited is None else judge_trace(trace, inherited, verdict)
+
+    def check_idle_ledgers(self, cfg: EngineConfig, when: str = "after warmup") -> Verdict:
+        """Every block of the engine of ``cfg`` is free now (an idle point)."""
+        snapshots = self.kv_snapshot(cfg)
+        verdict = check_idle_ledgers(snapshots, when)
+        inherited = self.hygiene.inherited(self.current_test, cfg.label)
+        return verdict if inherited is None else judge_snapshots(snapshots, inherited, verdict)
+
+    def expect(self, *verdicts: Verdict, trace: Trace | None = None) -> None:
+        """Record each verdict for the report; raise ``VerdictFailed`` on the first that failed."""
+        __tracebackhide__ = True
+        for v in verdicts:
+            self.listeners.on_verdict(v, trace)
+        for v in verdicts:
+            if not v.ok:
+                raise VerdictFailed(v)
+
+    def expect_failure(self, verdict: Verdict, mentioning: str = "",
+                       trace: Trace | None = None) -> None:
+        """Negative control: ``verdict`` must have failed, saying ``mentioning``; the control's
+        own verdict (``<check>.negative_control``) is what gets recorded."""
+        __tracebackhide__ = True
+        tripped = not verdict.ok and mentioning in verdict.details
+        check = f"{verdict.check}.negative_control"
+        control = (
+            Verdict.passed(check, f"the check tripped: {verdict.why}") if tripped
+            else Verdict.failed(check, f"negative control: check {verdict.check} did not fail"
+                                f" saying {mentioning!r} (detector blind?): {verdict.why}")
+        )
+        self.expect(control, trace=trace)
+
+    # -- bookkeeping --------------------------------------------------------
+    def stats(self) -> SessionStats:
+        return SessionStats(
+            engines=[{"config": s.config, "key": s.key, "seconds": s.seconds}
+                     for s in self._pool.started],
+            reference_hits=self.ref_cache.hits,
+            reference_misses=self.ref_cache.misses,
+            near_ties=list(self.near_ties),
+            timers=self.timers.rounded(),
+            exposure=self.exposure.to_dict(),
+            agreement=self.agreement.to_dict(),
+            reference_bad=list(self.ref_cache.bad),
+            cards=self._pool.cards.to_list(),
+            leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],
+            hygiene=asdict(self.hygiene.stats),
+        )
+
+    def write_stats(self, worker: str) -> Path:
+        out = self.opts.reports_dir / "stats"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{worker}.json"
+        path.write_text(json.dumps(self.stats().to_dict(), indent=1))
+        return path
+
+    def close(self) -> None:
+        """Stop every engine, then give the leased devices back."""
+        self._pool.close()
+        if self.leases is not None:
+            self.leases.release_all()

