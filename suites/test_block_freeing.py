@@ -49,7 +49,7 @@ def test_blocks_return_to_the_pool(hil, model, target_variant, name):
 
 def test_dummy_padding_blocks_are_taken_and_returned(hil, model, target_variant):
     """Where the stack declares that it pads a lone decoding request with a dummy
-    (vllm-spyre 0.3-0.4; harness/dummy_padding.py), the dummy holds blocks while one
+    (vllm-spyre 0.3-0.4; harness/targets/spyre/padding.py), the dummy holds blocks while one
     request decodes alone and has none once a second joins and once the batch empties;
     a declared stack whose ledgers show no dummy fails, and so does a dummy on a stack
     that declares none."""
@@ -63,5 +63,5 @@ def test_dummy_padding_blocks_are_taken_and_returned(hil, model, target_variant)
     if dummy is None:
         hil.expect(hil.check_ledger(trace), trace=trace)
         pytest.skip(f"{target_variant.id} on stack {engine.stack} pads no decode batch with a"
-                    " dummy request (declared in harness/dummy_padding.py, and none was seen)")
+                    " dummy request (declared in harness/targets/spyre/padding.py, and none was seen)")
     hil.expect(hil.check_ledger(trace), dummy, trace=trace)

@@ -15,7 +15,8 @@ from harness.checks.capacity import (
     preflight_config,
     spyre_cb_reservation,
 )
-from harness.checks.ledger import check_dummy_padding, check_dummy_returned
+from harness.checks.dummy_padding import check_dummy_padding
+from harness.checks.ledger import check_dummy_returned
 from harness.checks.preemption import (
     check_full_batch,
     check_no_preemption,

@@ -6,7 +6,7 @@ first on a running engine. To keep the cost down, one child pytest proves two fa
 once: each is installed only in one target variant's engines (``variant=ID``), and
 ``--no-engine-reuse`` gives each test an engine of its own. The two-fault runs are made
 twice: with the ledgers read in full every step, and read as per-step deltas (what pools
-over 4096 blocks send, harness/engine/probe_delta.py), which must fail the same way.
+over 4096 blocks send, harness/in_engine/probe_delta.py), which must fail the same way.
 """
 
 import pytest

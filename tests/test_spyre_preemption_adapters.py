@@ -1,6 +1,6 @@
 """The two adapters the spyre negative control for preemption relies on, on fake inputs:
 the runner's view of a preemption (harness.targets.spyre.resume) and the per-request and
-per-step records on a vLLM that writes neither (harness.targets.spyre.legacy_preemptions)."""
+per-step records on a vLLM that writes neither (harness.in_engine.legacy_preemptions)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from harness.targets.spyre.legacy_preemptions import recording
+from harness.in_engine.legacy_preemptions import recording
 from harness.targets.spyre.resume import _rebuild
 
 

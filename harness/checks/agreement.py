@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from harness.checks.exposure import DEFAULT_TOL, ExposureTally
 from harness.checks.forcing import ForcedComparison
 
 
@@ -52,8 +53,6 @@ class AgreementTally:
 
 def exposure_shares(exposure_tallies: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Near-tie exposure per model from workers' ``ExposureTally.to_dict``s."""
-    from harness.checks.exposure import DEFAULT_TOL, ExposureTally
-
     tally: ExposureTally | None = None
     for data in exposure_tallies:
         if tally is None:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from harness.core.trace import KvSnapshot, StepRecord, Trace, is_dummy_id
-from harness.core.verdict import DUMMY_PADDING, KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict
+from harness.core.verdict import KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict
 from harness.render.ledger_table import format_step_table
 
 # How many violations a failure message lists.
@@ -427,36 +427,3 @@ def check_idle_ledgers(snapshots: list[KvSnapshot], when: str = "after warmup") 
     why = f"{when}: " + "; ".join(f"[{v.invariant}] {v.message}" for v in problems)
     details = "\n".join([why, *(s.summary() for s in snapshots)])
     return Verdict.failed(f"{KV_LEDGER}.{problems[0].invariant}", why, at=-1, details=details)
-
-# ------------------------------------------------------------------ dummy padding
-
-def dummy_blocks_per_step(trace: Trace) -> dict[int, list[int]]:
-    """Engine step -> blocks held by dummy requests in its ledgers."""
-    return {r.step: sorted(b for s in r.kv for b in s.dummy_blocks()) for r in trace.steps}
-
-def check_dummy_padding(trace: Trace) -> Verdict:
-    """Where a lone decoding request is padded with a dummy (vllm-spyre 0.3-0.4): the dummy
-    holds blocks while the first request decodes alone, none at the step where a second
-    request joins, and none at the end. Passes with ``why`` "no dummy" where the stack pads
-    no batch (callers decide whether that is a skip)."""
-    held = dummy_blocks_per_step(trace)
-    if not any(held.values()):
-        return Verdict.passed(DUMMY_PADDING, "no dummy")
-    joined = next((r.step for r in trace.steps if len(r.running) >= 2), None)
-    if joined is None:
-        return Verdict.failed(DUMMY_PADDING, "no step ran two requests at once; nothing joined")
-
-    def fail(why: str, at: int) -> Verdict:
-        table = format_step_table(trace.ledger_steps(), at)
-        return Verdict.failed(DUMMY_PADDING, why, at=at, details=f"{why}\n{table}")
-
-    if not any(blocks for st, blocks in held.items() if st < joined):
-        return fail(f"no dummy blocks while the first request decoded alone before step"
-                    f" {joined}: {held}", joined)
-    if held[joined]:
-        return fail(f"dummy still holds {held[joined]} at step {joined}, where a second"
-                    " request joined", joined)
-    last = trace.steps[-1].step
-    if held[last]:
-        return fail(f"dummy blocks {held[last]} held at idle (step {last})", last)
-    return Verdict.passed(DUMMY_PADDING, f"dummy taken while alone, returned at step {joined}")

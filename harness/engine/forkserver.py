@@ -32,13 +32,13 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import select
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import IO, Any
 
@@ -56,43 +56,12 @@ MAX_PARENTS = 3  # live platform-free parents per process; the least recently us
 # Read by native libraries when loaded (OpenMP, allocators, loader): always in the key.
 NATIVE_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "LD_", "MALLOC_", "PYTHON")
 
-# What the parent imports: what ``from vllm import LLM`` and an engine start pull in,
-# where importable without resolving the platform. Missing modules are skipped.
-PRELOAD = (
-    "torch", "transformers", "numpy", "sympy", "openai", "aiohttp", "fastapi", "pydantic",
-    "mistral_common", "huggingface_hub", "tokenizers", "safetensors", "zmq", "gguf", "cv2",
-    "jinja2", "regex", "yaml", "PIL", "xgrammar", "triton", "torch._dynamo", "torch._inductor",
-    "transformers.models.llama.modeling_llama", "transformers.models.auto.modeling_auto",
-    "vllm", "vllm.envs", "vllm.config", "vllm.engine.arg_utils", "vllm.sampling_params",
-    "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "vllm.v1.engine.core",
-    "vllm.v1.core.sched.scheduler", "vllm.v1.core.block_pool", "vllm.v1.sample.sampler",
-    "vllm.model_executor.models.llama", "vllm.v1.worker.cpu_worker",
-    "vllm.v1.worker.cpu_model_runner",
-)
-
-
 def late(name: str) -> bool:
     return name.startswith(LATE_PREFIXES)
 
 
 # Per engine, never read while preloading: not part of a platform parent's key.
 PER_ENGINE_PREFIXES = ("HIL_", "MASTER_", "PYTEST_")
-
-# What a platform parent adds, once its platform is resolved from its variables.
-PLATFORM_PRELOAD = (
-    "vllm.config", "vllm.engine.arg_utils", "vllm.sampling_params", "vllm.entrypoints.llm",
-    "vllm.v1.engine.llm_engine", "vllm.v1.engine.core", "vllm.v1.core.sched.scheduler",
-    "vllm.v1.core.block_pool", "vllm.v1.core.kv_cache_manager", "vllm.v1.sample.sampler",
-    "vllm.v1.executor.uniproc_executor", "vllm.model_executor.models.llama",
-    "vllm.model_executor.model_loader", "vllm.distributed.parallel_state",
-)
-# Imported only where the resolved platform is the plugin's own.
-PLUGIN_PRELOAD = {
-    "vllm.platforms.cpu": ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner"),
-    "vllm_spyre": ("vllm_spyre.v1.worker.spyre_worker", "vllm_spyre.v1.worker.spyre_model_runner",
-                   "vllm_spyre.model_executor.model_loader.spyre", "vllm_spyre.v1.core.scheduler"),
-}
-
 
 def start_mode() -> str:
     """``platform``: fork engines from a parent that resolved their platform (itself forked
@@ -117,214 +86,6 @@ def parent_env(child_env: dict[str, str], caller: dict[str, str] | None = None) 
     env = {k: v for k, v in child_env.items() if not late(k)}
     env.update({k: v for k, v in caller.items() if late(k) and not k.startswith(PER_ENGINE_PREFIXES)})
     return env
-
-
-# ---------------------------------------------------------------------------
-# The parent process (python -m harness.engine.forkserver ADDRESS)
-# ---------------------------------------------------------------------------
-
-
-class _PlatformTouched(BaseException):
-    """Raised (not Exception: no module may swallow it) when a preloaded module
-    resolves vLLM's platform at import time; that module is left to the child."""
-
-
-def _recording_environ(read: set[str]) -> Any:
-    """os.environ that records the names read through it (same data underneath)."""
-    base = os.environ
-
-    def note(key: object) -> None:
-        read.add(key.decode(errors="replace") if isinstance(key, bytes) else str(key))
-
-    class Recording(type(base)):  # type: ignore[misc]
-        def __getitem__(self, key: str) -> str:
-            note(key)
-            return super().__getitem__(key)
-
-        def __contains__(self, key: object) -> bool:
-            note(key)
-            return super().__contains__(key)
-
-        def get(self, key: str, default: Any = None) -> Any:
-            note(key)
-            return super().get(key, default)
-
-    rec = Recording.__new__(Recording)
-    rec.__dict__.update(base.__dict__)  # shares _data: writes stay visible both ways
-    return rec
-
-
-def preload(modules: tuple[str, ...] = PRELOAD, platform: bool = False) -> dict[str, Any]:
-    """Import ``modules`` (without resolving vLLM's platform unless ``platform``); which
-    variables were read and which modules skipped."""
-    read: set[str] = set()
-    original = os.environ
-    os.environ = _recording_environ(read)  # noqa: B003 - same data, reads recorded
-    skipped: dict[str, str] = {}
-    guard = None
-    t0 = time.monotonic()
-    try:
-        if platform:
-            from vllm.platforms import current_platform
-
-            owner = type(current_platform).__module__
-            extra = [m for k, v in PLUGIN_PRELOAD.items() if owner.startswith(k) for m in v]
-            modules = (*modules, *extra)
-        for name in modules:
-            if guard is None and not platform and name.startswith("vllm"):
-                guard = _guard_platform()
-            try:
-                __import__(name)
-            except _PlatformTouched:
-                skipped[name] = "resolves the platform at import"
-            except Exception as e:  # absent or broken on this stack: the child imports it
-                skipped[name] = f"{type(e).__name__}: {e}"[:200]
-    finally:
-        os.environ = original  # noqa: B003 - the original object back
-        if guard is not None:
-            guard()
-    resolved = _platform_resolved()
-    return {"read": sorted(read), "skipped": skipped, "platform_resolved": resolved,
-            "seconds": round(time.monotonic() - t0, 2), "pid": os.getpid()}
-
-
-def _guard_platform() -> Any:
-    """Make ``vllm.platforms.current_platform`` raise until the returned undo is called."""
-    import vllm.platforms as platforms
-
-    original = platforms.__dict__.get("__getattr__")
-
-    def guarded(name: str) -> Any:
-        if name == "current_platform" and platforms.__dict__.get("_current_platform") is None:
-            raise _PlatformTouched(name)
-        if original is None:
-            raise AttributeError(name)
-        return original(name)
-
-    platforms.__getattr__ = guarded  # type: ignore[attr-defined]
-
-    def undo() -> None:
-        if original is None:
-            del platforms.__getattr__
-        else:
-            platforms.__getattr__ = original  # type: ignore[attr-defined]
-
-    return undo
-
-
-def _platform_resolved() -> bool:
-    mod = sys.modules.get("vllm.platforms")
-    return bool(mod is not None and (mod.__dict__.get("_current_platform") is not None
-                                     or "current_platform" in mod.__dict__))
-
-
-def _set_pdeathsig() -> None:
-    """Die with the parent (Linux); elsewhere the parent's exit still closes our socket."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def _child(conn: Connection, spec: dict[str, Any]) -> None:
-    """In the forked child: become the fresh engine process ``spec`` describes."""
-    code = 1
-    try:
-        _set_pdeathsig()
-        if os.getppid() == 1:
-            os._exit(1)
-        conn.close()  # the parent's socket is not ours
-        fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        os.close(null)
-        os.chdir(spec["cwd"])
-        os.environ.clear()
-        os.environ.update(spec["env"])
-        import random
-
-        random.seed()  # not the parent's sequence
-        if spec.get("role") == "platform":
-            os.environ["HIL_FORKSERVER_AUTHKEY"] = spec["authkey"]
-            code = main(["", spec["address"]], platform=True)
-        else:
-            from harness.in_engine import process
-
-            sys.argv = [str(process.__file__), *spec["argv"]]
-            print(f"[hil] engine process {os.getpid()} forked from {os.getppid()} (preloaded)",
-                  flush=True)
-            code = process.main(sys.argv)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-
-
-def serve(conn: Connection, platform: bool = False) -> int:
-    """Fork on request; report each child's exit; exit when the host goes away."""
-    import threading
-
-    children: set[int] = set()
-    while True:
-        while children:  # reap: the host learns each exit code
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
-            conn.send(("exit", {"pid": pid, "code": os.waitstatus_to_exitcode(status)}))
-        try:
-            if not conn.poll(0.1):
-                continue
-            op, spec = conn.recv()
-        except (EOFError, OSError):
-            return 0
-        if op != "fork":
-            conn.send(("error", f"unknown request {op!r}"))
-            continue
-        if threading.active_count() > 1 or (_platform_resolved() and not platform):
-            conn.send(("error", "the parent is no longer fit to fork (threads or a resolved platform)"))
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(conn, spec)
-        children.add(pid)
-        conn.send(("forked", pid))
-
-
-def main(argv: list[str], platform: bool = False) -> int:
-    authkey = bytes.fromhex(os.environ.pop("HIL_FORKSERVER_AUTHKEY"))
-    conn = Client(argv[1], family="AF_UNIX", authkey=authkey)
-    try:
-        report = preload(PLATFORM_PRELOAD, platform=True) if platform else preload()
-    except BaseException as e:
-        import traceback
-
-        traceback.print_exc()
-        conn.send(("unfit", {"error": repr(e)}))
-        return 1
-    import threading
-
-    report["threads"] = threading.active_count()
-    fit = (platform or not report["platform_resolved"]) and report["threads"] == 1
-    conn.send(("ready" if fit else "unfit", report))
-    return serve(conn, platform) if fit else 1
 
 
 # ---------------------------------------------------------------------------
@@ -384,7 +145,7 @@ class ForkServer:
         if parent is None:
             logf: IO[bytes] = open(log_path, "ab")
             proc = subprocess.Popen(
-                [python, "-m", "harness.engine.forkserver", address],
+                [python, "-m", "harness.in_engine.fork_parent", address],
                 env={**env, "HIL_FORKSERVER_AUTHKEY": authkey.hex()}, cwd=cwd,
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
             logf.close()
@@ -470,8 +231,6 @@ class ForkServer:
 
 
 def _accept(listener: Listener, proc: subprocess.Popen[bytes], timeout: float) -> Connection:
-    import select
-
     sock = listener._listener._socket  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
     while True:
@@ -585,10 +344,3 @@ def spawn_engine(python: str, address: str, child_env: dict[str, str], cwd: str,
     return subprocess.Popen(
         [python, "-m", "harness.in_engine.process", address],
         env=child_env, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, cwd=cwd)
-
-
-if __name__ == "__main__":
-    code = main(sys.argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import select
 import sys
 import tempfile
 import time
@@ -115,7 +116,6 @@ class EngineHost:
 
     def _accept(self, timeout: float) -> Connection:
         # Listener.accept has no timeout; poll the child while waiting.
-        import select
 
         sock = self._listener._listener._socket  # type: ignore[attr-defined]
         deadline = time.monotonic() + timeout

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.checks.ledger import Violation, check_idle, check_step, ledger_violations
+from harness.core.errors import EngineError, EngineRequestError
 from harness.core.trace import KvSnapshot, Trace
 from harness.core.verdict import INHERITED_STATE, KV_LEDGER, Verdict
 from harness.render.ledger_table import format_step_table
@@ -202,8 +203,6 @@ class EngineHygiene:
         return host
 
     def _probe(self, host: EngineHost) -> tuple[str, ...]:
-        from harness.core.errors import EngineError, EngineRequestError
-
         self.stats.probes += 1
         try:
             return idle_problems(self.probe(host))

@@ -24,6 +24,14 @@ from harness.core.trace import (
     TokenStep,
     Trace,
 )
+from harness.in_engine import faults
+from harness.in_engine import teacher_forcing as forcing
+from harness.in_engine.executed import ExecutedTokens
+from harness.in_engine.legacy_preemptions import recorded_schedule
+from harness.in_engine.probe_delta import DeltaTracker
+from harness.in_engine.probes import snapshot_engine
+from harness.in_engine.teacher_forcing import EXTRA_ARG, forced_request_trace
+from harness.targets import kind
 
 
 def _error(e: BaseException) -> tuple[str, dict[str, str]]:
@@ -80,15 +88,13 @@ class EngineSide:
 
     def __init__(self, config: dict[str, Any], llm_kwargs: dict[str, Any]) -> None:
         self.config = config
-        from harness.in_engine import faults
 
         device = os.environ.get("HIL_DEVICE_ID", "cpu (shared)")
         print(f"[hil] engine {config.get('target')} {config.get('mode') or ''} on device {device}",
               flush=True)
         faults.apply_faults(list(config.get("faults", [])), config)
+        # deferred: a heavy import, paid only where this runs
         from vllm import LLM
-
-        from harness.in_engine import teacher_forcing as forcing
 
         llm_kwargs = dict(llm_kwargs)
         self.forcing_unsupported = forcing.install(llm_kwargs)
@@ -99,8 +105,6 @@ class EngineSide:
 
     def _time_forward_passes(self) -> None:
         """Accumulate the time the executor spends running the model (the compute floor)."""
-        import time
-
         executor = self.llm.llm_engine.engine_core.engine_core.model_executor
         original = executor.execute_model
 
@@ -114,6 +118,7 @@ class EngineSide:
         executor.execute_model = execute_model
 
     def info(self) -> dict[str, Any]:
+        # deferred: a heavy import, paid only where this runs
         import vllm
         from vllm.platforms import current_platform
 
@@ -121,8 +126,6 @@ class EngineSide:
         info: dict[str, Any] = {
             "platform": type(current_platform).__name__,
             "platform_module": type(current_platform).__module__,
-            # What a Neuron runtime in this process reads for its cores (None elsewhere).
-            "visible_cores": os.environ.get("NEURON_RT_VISIBLE_CORES"),
             "vllm_version": vllm.__version__,
             "num_gpu_blocks": vcfg.cache_config.num_gpu_blocks,
             "block_size": vcfg.cache_config.block_size,
@@ -142,22 +145,12 @@ class EngineSide:
                 info["kv_pad_blocks"] = len(real[-1].pad_blocks)
         except Exception as e:  # the ledger is optional for serving; say why it is absent
             info["kv_error"] = repr(e)
-        try:
-            from harness.targets.spyre.card import engine_card_info
-
-            info["card"] = engine_card_info()
-        except Exception as e:  # the card check then fails saying what is missing
-            info["card"] = {"error": repr(e)}
-        try:
-            import vllm_spyre
-
-            info["vllm_spyre_version"] = getattr(vllm_spyre, "__version__", "?")
-        except ImportError:
-            pass
+        info.update(kind(str(self.config["target"])).engine_info())  # the kind's own facts
         return info
 
     def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Run all requests in one engine call; greedy, ignore_eos, top-k logprobs."""
+        # deferred: a heavy import, paid only where this runs
         from vllm import SamplingParams
 
         reqs = payload["requests"]
@@ -189,9 +182,8 @@ class EngineSide:
                 k: int) -> dict[str, RequestTrace]:
         """The teacher-forced run (``harness.in_engine.teacher_forcing``): the requests again, in one
         batch, each fed the reference's tokens ``teacher[request_id]``."""
+        # deferred: a heavy import, paid only where this runs
         from vllm import SamplingParams
-
-        from harness.in_engine.teacher_forcing import EXTRA_ARG, forced_request_trace
 
         todo = [r for r in reqs if teacher.get(r["request_id"])]
         params = [
@@ -218,8 +210,6 @@ class EngineSide:
         """Record every SchedulerOutput (for preempted and finished ids per step)."""
         sched = self._engine_core().scheduler
         if not hasattr(self, "_sched_outputs"):
-            from harness.targets.spyre.legacy_preemptions import recorded_schedule
-
             self._sched_outputs: list[Any] = []
             original = recorded_schedule(sched)  # vLLM 0.9: adds the preemption records
 
@@ -234,8 +224,6 @@ class EngineSide:
     def _executed_tokens(self) -> Any:
         """Count the tokens the executor runs per request (installed once)."""
         if not hasattr(self, "_executed"):
-            from harness.in_engine.executed import ExecutedTokens
-
             self._executed = ExecutedTokens(self._engine_core().model_executor)
         return self._executed
 
@@ -259,8 +247,6 @@ class EngineSide:
     def snapshots(self, tracker: Any = None) -> list[KvSnapshot]:
         """The KV ledgers of this engine right now (scheduler, and runner where it has one);
         with a ``DeltaTracker``, large pools may answer with deltas."""
-        from harness.in_engine.probes import snapshot_engine
-
         return snapshot_engine(self._engine_core(), tracker)
 
     def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
@@ -274,10 +260,9 @@ class EngineSide:
         scheduler has nothing left, including finished ids not yet delivered to
         the runner, so the last step is the one where the runner frees them.
         """
+        # deferred: a heavy import, paid only where this runs
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
-
-        from harness.in_engine.probe_delta import DeltaTracker
 
         probe = bool(payload.get("probe", True))
         max_steps = int(payload.get("max_steps", 2000))

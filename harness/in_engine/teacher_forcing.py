@@ -23,14 +23,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.core.trace import RequestTrace, TokenStep
+
 EXTRA_ARG = "hil_teacher_tokens"
 
 
 def unsupported_reason() -> str | None:
     """Why this engine's vLLM cannot run teacher-forced requests (None: it can)."""
     try:
+        # deferred: a heavy import, paid only where this runs
         from vllm.v1.sample.logits_processor import LogitsProcessor  # noqa: F401
     except ImportError as e:
+        # deferred: a heavy import, paid only where this runs
         import vllm
 
         return (f"teacher forcing needs vLLM V1 custom logits processors"
@@ -51,6 +55,7 @@ _CLASS: type | None = None
 
 
 def _build_class() -> type:
+    # deferred: a heavy import, paid only where this runs
     import torch
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
     from vllm.v1.sample.logits_processor.builtin import process_dict_updates
@@ -99,8 +104,6 @@ def install(llm_kwargs: dict[str, Any]) -> str | None:
 def forced_request_trace(request_id: str, out: Any, prompt: list[int]) -> Any:
     """A forced request's output as a RequestTrace: each step's token is the forced one,
     its logprob and rank the device's own, ``top_logprobs`` the device's top-k."""
-    from harness.core.trace import RequestTrace, TokenStep
-
     comp = out.outputs[0]
     steps = []
     for pos, tid in enumerate(comp.token_ids):

@@ -12,7 +12,7 @@ An inventory file (TOML or YAML) overrides discovery. Schema, one entry per devi
     env = { AIU_WORLD_RANK_0 = "0000:3b:00.0" }   # set in engines started on it
     cores = "0-1"                # neuron only: its NeuronCores (NEURON_RT_VISIBLE_CORES)
     engine = { tensor_parallel_size = 2, override_neuron_config = { ... } }
-                                 # neuron only: engine settings (harness/neuron_config.py)
+                                 # neuron only: engine settings (harness/targets/neuron/config.py)
 
 A device listed with an ``address`` that is not there is kept, marked absent,
 so tests that need it skip (or fail under --require-device) saying so.
@@ -25,9 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from harness import targets
 from harness.core.config import ConfigError
 from harness.core.devices import InventoryDevice
+from harness.in_engine.faults import check_fault_specs
+from harness.lab.schemas import SchemaError, check, inventory_schema, read_utf8
 
 HEALTH = ("ok", "broken", "maintenance")
 
@@ -61,15 +65,11 @@ def _present(kind: str, address: str | None, root: Path) -> tuple[bool, str]:
 
 
 def _parse(path: Path) -> tuple[dict[str, Any], str]:
-    from harness.lab.schemas import SchemaError, read_utf8
-
     try:
         text = read_utf8(path, "inventory file")
     except SchemaError as e:
         raise InventoryError(str(e)) from None
     if path.suffix in (".yaml", ".yml"):
-        import yaml
-
         try:
             data = yaml.safe_load(text)
         except yaml.MarkedYAMLError as e:
@@ -85,9 +85,6 @@ def _parse(path: Path) -> tuple[dict[str, Any], str]:
 
 def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bool = False) -> Inventory:
     """Read and validate an inventory file; absent devices are kept, marked absent."""
-    from harness.in_engine.faults import check_fault_specs
-    from harness.lab.schemas import SchemaError, check, inventory_schema
-
     if not path.is_file():
         raise InventoryError(f"inventory file not found: {path}; pass --inventory an existing"
                              " TOML or YAML file")

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from harness.lab.schemas import QUARANTINE_SCHEMA, check, read_utf8
+
 
 @dataclass(frozen=True)
 class KnownFailure:
@@ -38,8 +40,6 @@ class KnownFailure:
 def load_quarantine(path: Path, required: bool = False) -> list[KnownFailure]:
     """The entries of a quarantine file; [] when it does not exist and is not ``required``
     (a path the user named must exist). ValueError names the file, entry and fix."""
-    from harness.lab.schemas import QUARANTINE_SCHEMA, check, read_utf8
-
     if not path.exists():
         if required:
             raise ValueError(f"--quarantine: file not found: {path}; pass an existing TOML file"

@@ -7,11 +7,14 @@ do. Unknown keys are errors: a typo (``[[knwon]]``) must not silently do nothing
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+
+from harness.targets import device_kinds
 
 # Device ids name lock files and reports: no path separators, no dots at the start.
 DEVICE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -37,7 +40,7 @@ INVENTORY_SCHEMA: dict[str, Any] = {
                     "features": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                     "health": {"enum": ["ok", "broken", "maintenance"]},
                     "cores": {"type": "string", "minLength": 1},  # neuron only
-                    "engine": {"type": "object"},  # neuron only: harness/neuron_config.py
+                    "engine": {"type": "object"},  # neuron only: harness/targets/neuron/config.py
                     "env": {
                         "type": "object",
                         "propertyNames": {"pattern": ENV_NAME_PATTERN},
@@ -51,10 +54,6 @@ INVENTORY_SCHEMA: dict[str, Any] = {
 
 def inventory_schema() -> dict[str, Any]:
     """The inventory schema with the device kinds the kind registry declares (cpu, spyre, ...)."""
-    import copy
-
-    from harness.targets import device_kinds
-
     schema = copy.deepcopy(INVENTORY_SCHEMA)
     schema["properties"]["device"]["items"]["properties"]["kind"]["enum"] = list(device_kinds())
     return schema

@@ -24,6 +24,7 @@ NAME = "cpu-ref"
 
 def reference_stack() -> dict[str, str]:
     """What the reference outputs depend on besides model and prompt."""
+    # deferred: a heavy import, paid only where this runs
     import torch
     import transformers
 
@@ -57,6 +58,7 @@ class ReferenceRunner:
 
     def _load(self) -> Any:
         if self._model is None:
+            # deferred: a heavy import, paid only where this runs
             import torch
             from transformers import AutoModelForCausalLM
 
@@ -69,6 +71,7 @@ class ReferenceRunner:
         self, prompt_token_ids: list[int], max_tokens: int, top_k: int
     ) -> list[TokenStep]:
         """Greedy continuation of one prompt with top-k log-probabilities per position."""
+        # deferred: a heavy import, paid only where this runs
         import torch
 
         model = self._load()

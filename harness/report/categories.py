@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core import verdict as checks
+from harness.targets import device_kinds
 
 FAILED, BROKEN, SKIPPED = "failed", "broken", "skipped"
 
@@ -69,8 +70,6 @@ _EXC = r"(?:[\w.]*\.)?"  # an optional module path before an exception class nam
 
 def _device_labels() -> str:
     """The leased device kinds' labels (Spyre|Neuron), as the kind registry declares them."""
-    from harness.targets import device_kinds
-
     return "|".join(re.escape(d.label) for d in device_kinds().values() if d.leased)
 
 # Exact check names that belong to another category than their family's.

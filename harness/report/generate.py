@@ -11,6 +11,8 @@ failed generation keeps the previous report and its history.
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import os
 import shutil
@@ -205,9 +207,6 @@ def generate_report(
 def serve_report(report_dir: Path, port: int = 0) -> None:
     """Serve ``report_dir`` on 127.0.0.1 until interrupted (Allure 2 pages load their
     data with requests, so file:// does not show them)."""
-    import functools
-    import http.server
-
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(report_dir))
     with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
         print(f"hil report: serving http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)",

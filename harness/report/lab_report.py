@@ -15,6 +15,7 @@ from harness.lab.shard_plan import DURATIONS_FILE, write_durations
 from harness.report.generate import generate_report
 from harness.report.merge import MergeError, durations_of, merge_results, where_markdown
 from harness.report.results import load_results
+from harness.report.run_config import read_properties
 from harness.report.summary import summarize, summary_markdown
 
 
@@ -51,8 +52,6 @@ def merge_command(sources: list[str], reports_dir: Path, report_dir: Path, summa
 def keep_durations(results_dir: Path, reports_dir: Path) -> Path | None:
     """After `hil report` of one unsharded run: its test durations, for a later split.
     A single shard's results are never used (other hosts would plan from other data)."""
-    from harness.report.run_config import read_properties
-
     props = read_properties(Path(results_dir) / "environment.properties")
     folder = load_results(Path(results_dir))
     if not props or props.get("run.shard") or not folder.tests:

@@ -16,6 +16,8 @@ from typing import Any
 
 from harness.core.paths import REPO_ROOT
 from harness.report.categories import write_categories
+from harness.stacks.host import HOST, describe
+from harness.stacks.spec import load_stack
 from harness.targets import device_kinds
 
 # Distributions whose versions a reviewer needs; "vLLM" is the CPU build's name here.
@@ -86,13 +88,9 @@ def device_properties(root: Path = Path("/")) -> dict[str, str]:
 
 def stack_properties(name: str) -> dict[str, str]:
     """``stack.<name>``: the pinned versions the engines of that stack ran with."""
-    from harness.stacks.host import HOST, describe
-
     if name == HOST:
         return {f"stack.{name}": describe()}
     try:
-        from harness.stacks.spec import load_stack
-
         stack = load_stack(name)
     except Exception:  # noqa: BLE001 - a report must not fail on a stack file
         return {f"stack.{name}": "unknown stack"}

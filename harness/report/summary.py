@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.checks.agreement import agreement_lines
+from harness.checks.exposure import exposure_lines
 from harness.report.categories import SKIPPED, UNCLASSIFIED_FAILURE, category_names, classify
 from harness.report.results import ResultsFolder, labels_of, load_results, message_of, params_of
+from harness.report.root_cause import root_cause_markdown
 
 MESSAGE_CHARS = 160
 
@@ -142,7 +145,6 @@ def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = N
     s.exposure = exposure_from_stats(Path(results_dir).parent / "stats")
     s.agreement = agreement_from_stats(Path(results_dir).parent / "stats")
     text = summary_markdown(s)
-    from harness.report.root_cause import root_cause_markdown
 
     section = root_cause_markdown(folder.tests, stats_values(Path(results_dir).parent / "stats",
                                                             "hygiene"))
@@ -166,8 +168,6 @@ def stats_values(stats_dir: Path, key: str) -> list[Any]:
 
 def agreement_from_stats(stats_dir: Path) -> list[str]:
     """The teacher-forced agreement table from the pytest workers' stats files."""
-    from harness.checks.agreement import agreement_lines
-
     stats = []
     for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
         try:
@@ -181,8 +181,6 @@ def agreement_from_stats(stats_dir: Path) -> list[str]:
 
 def exposure_from_stats(stats_dir: Path) -> list[str]:
     """Exposure lines from the pytest workers' stats files (none if there are none)."""
-    from harness.checks.exposure import exposure_lines
-
     tallies = []
     for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
         try:

@@ -33,8 +33,10 @@ class ModelCatalog:
     def model(self, value: str) -> Model:
         """Resolve ``tiny-llama``/``tiny-granite`` (built on demand) or a local folder."""
         if value not in self._models:
+            # deferred: a heavy import, paid only where this runs
             from transformers import AutoTokenizer
 
+            # deferred: a heavy import, paid only where this runs
             from fixtures.models import model_content_hash, resolve_model
 
             path = resolve_model(value, self.cache_dir)

@@ -1,7 +1,7 @@
-"""``python -m harness.stacks``: install, list and relock pinned stacks (standard library only)."""
+"""``python -m harness.stacks``: see ``harness.stacks.command``."""
 
 import sys
 
-from harness.stacks.spec import main
+from harness.stacks.command import main
 
 sys.exit(main())

@@ -179,6 +179,9 @@ class TargetKind:
     variants: ClassVar[tuple[TargetVariant, ...]] = ()
     markers: ClassVar[dict[str, str]] = {}  # the markers its variants carry, with their meaning
     geometries: ClassVar[dict[str, PoolGeometry]] = {"default": PoolGeometry(None)}
+    # What a fork-server parent imports once vLLM resolved this kind's platform: the module
+    # prefix of the platform's class -> the worker and runner modules an engine start pulls in.
+    plugin_preload: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @classmethod
     def geometry(cls, name: str = "default") -> PoolGeometry:
@@ -201,6 +204,12 @@ class TargetKind:
         request can: its prompt and output fill max_model_len, no headroom (a kind whose
         batching needs some, as Spyre's shared tkv does, says how much)."""
         return max_model_len - prompt_len
+
+    @classmethod
+    def engine_info(cls) -> dict[str, Any]:
+        """Run inside the engine process after start: the facts this kind's post-start
+        verification reads there (none by default)."""
+        return {}
 
     @classmethod
     def availability_probe(cls, variant: TargetVariant) -> str | None:

@@ -8,14 +8,13 @@ request shows as a preemption, and one block too few as a pool that never runs o
 from __future__ import annotations
 
 from harness.scenario.prompts import EngineLimits, Scenario, Tokenizer, shaped_scenario
+from harness.targets import kind
 
 
 def full_batch_scenario(tokenizer: Tokenizer, target: str, limits: EngineLimits,
                         prompt_len: int) -> Scenario:
     """``limits.max_num_seqs`` requests of ``prompt_len`` tokens arriving together, each
     generating as many tokens as ``target`` lets one request of that prompt hold."""
-    from harness.targets import kind
-
     max_tokens = kind(target).full_length_max_tokens(limits.max_model_len, prompt_len)
     shapes = [(prompt_len, max_tokens, 0)] * limits.max_num_seqs
     return shaped_scenario(f"full-batch-{limits.max_num_seqs}x{prompt_len}", tokenizer, shapes,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.scenario.prompts import EngineLimits
+from harness.targets import kind
 
 FULL_BATCH = "full-batch"
 PRESETS = (FULL_BATCH,)
@@ -23,8 +24,6 @@ CPU_BLOCK_SIZE = 16
 def pool_overrides(target: str, preset: str | None, limits: EngineLimits) -> dict[str, Any]:
     """EngineConfig overrides for ``preset`` on ``target`` ({} for no preset or a device-sized
     pool); the target's kind decides (``full_batch_pool``)."""
-    from harness.targets import kind
-
     if preset is None:
         return {}
     if preset == FULL_BATCH:

@@ -65,6 +65,11 @@ class NeuronTarget(VllmTarget):
     geometries = {"default": PoolGeometry(None)}
 
     @classmethod
+    def engine_info(cls) -> dict[str, Any]:
+        # What a Neuron runtime in this process reads for its cores.
+        return {"visible_cores": os.environ.get(CORES_ENV)}
+
+    @classmethod
     def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:
         # One block per sequence: a request holds its one block whatever its length, so the
         # pool is tight anyway; the lengths stay those run through vllm-neuron's probe

@@ -12,10 +12,11 @@ the engine reports (platform, dynamo backend, FLEX_COMPUTE, torch_sendnn) and th
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,6 @@ def start_timeout(cfg: Any, option: float | None) -> float:
 def near_tie_policy(base: Any, target_label: str, sendnn_tol: float) -> Any:
     """The near-tie policy for a trace of ``target_label`` (e.g. ``spyre-sendnn-cb``): the card's
     wider tolerance on sendnn, and the dtypes compared, stated in every diff."""
-    from dataclasses import replace
-
     if "-sendnn" in target_label:
         backend, tol = "sendnn", max(base.prob_tol, sendnn_tol)
     elif "-eager" in target_label:
@@ -102,12 +101,14 @@ def engine_card_info() -> dict[str, Any]:
                  "TORCH_SENDNN_CACHE_DIR")},
     }
     try:
+        # deferred: a heavy import, paid only where this runs
         import vllm_spyre.envs as envs_spyre
 
         info["dynamo_backend"] = envs_spyre.VLLM_SPYRE_DYNAMO_BACKEND
     except ImportError:
         return info
     if importlib.util.find_spec("torch_sendnn") is not None:
+        # deferred: a heavy import, paid only where this runs
         from torch_sendnn import _version
 
         info["torch_sendnn"] = _version.__version__
@@ -242,8 +243,6 @@ def summary_lines(events: list[dict[str, Any]]) -> list[str]:
 def append_card_summary(stats_dir: Path, summary: Path) -> str:
     """Add a "Cards" section (per card, its configurations and start times) to the run's
     summary.md from the workers' statistics; returns the section ('' when no card ran)."""
-    import json
-
     events: list[dict[str, Any]] = []
     for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
         events += json.loads(f.read_text()).get("cards", [])
@@ -262,6 +261,7 @@ def torch_sendnn_status() -> tuple[str | None, str | None]:
                       " problem; run on the vendor's card image (a venv with system site packages)"
                       " or install the Spyre software stack")
     try:
+        # deferred: a heavy import, paid only where this runs
         from torch_sendnn import _version
     except Exception as e:  # a broken install is a stack problem too
         return None, f"torch_sendnn is installed but does not import: {e!r}"

@@ -16,7 +16,7 @@ from typing import Any
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.devices import DeviceScan, InventoryDevice, device_root
 from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
-from harness.targets.spyre.card import torch_sendnn_status
+from harness.targets.spyre.card import engine_card_info, torch_sendnn_status
 from harness.targets.spyre.discovery import discover_spyre, host_properties
 
 BLOCK_SIZE = 64  # vllm-spyre's fixed KV block size (platform._block_size)
@@ -73,6 +73,10 @@ class SpyreTarget(VllmTarget):
         "cb": "vllm-spyre continuous batching",
         "cp": "vllm-spyre continuous batching with chunked prefill",
     }
+    plugin_preload = {
+        "vllm_spyre": ("vllm_spyre.v1.worker.spyre_worker", "vllm_spyre.v1.worker.spyre_model_runner",
+                       "vllm_spyre.model_executor.model_loader.spyre", "vllm_spyre.v1.core.scheduler"),
+    }
     # The platform fixes 64-token blocks and keeps block 0 as the pad block.
     geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
 
@@ -84,6 +88,20 @@ class SpyreTarget(VllmTarget):
         # one block of headroom lets all max_num_seqs requests join while the batch decodes.
         padded = math.ceil(prompt_len / BLOCK_SIZE) * BLOCK_SIZE
         return max_model_len - padded - BLOCK_SIZE
+
+    @classmethod
+    def engine_info(cls) -> dict[str, Any]:
+        info: dict[str, Any] = {}
+        try:
+            info["card"] = engine_card_info()
+        except Exception as e:  # the card check then fails saying what is missing
+            info["card"] = {"error": repr(e)}
+        if importlib.util.find_spec("vllm_spyre") is not None:
+            # deferred: a heavy import, paid only inside an engine process
+            import vllm_spyre
+
+            info["vllm_spyre_version"] = getattr(vllm_spyre, "__version__", "?")
+        return info
 
     @classmethod
     def availability_probe(cls, variant: Any) -> str | None:

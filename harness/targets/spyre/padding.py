@@ -9,7 +9,7 @@ harness, not in stacks/*.toml, because a stack's toml is part of its install sta
 
 from __future__ import annotations
 
-from harness.checks.ledger import check_dummy_padding, dummy_blocks_per_step
+from harness.checks.dummy_padding import check_dummy_padding, dummy_blocks_per_step
 from harness.core.trace import Trace
 from harness.core.verdict import DUMMY_PADDING, Verdict
 
@@ -36,15 +36,15 @@ def dummy_padding_verdict(trace: Trace, stack: str, variant: str) -> Verdict | N
         return Verdict.failed(
             DUMMY_PADDING,
             f"stack {stack} declares that {variant} pads a lone decoding request with a dummy"
-            " (harness/dummy_padding.py), but no dummy held a block at any step: the runner"
-            " stopped padding, or the ledger adapter (harness/engine/probes.py) no longer"
+            " (harness/targets/spyre/padding.py), but no dummy held a block at any step: the runner"
+            " stopped padding, or the ledger adapter (harness/in_engine/probes.py) no longer"
             " sees its dummy",
         )
     if seen and not declared:
         return Verdict.failed(
             DUMMY_PADDING,
             f"a dummy request held KV blocks on {variant}, but stack {stack} does not declare"
-            " dummy padding: declare it in harness/dummy_padding.py if the stack pads decode"
+            " dummy padding: declare it in harness/targets/spyre/padding.py if the stack pads decode"
             " batches",
         )
     if not declared:

@@ -68,7 +68,7 @@ def _rebuild(so: Any, seen: dict[str, Any]) -> Any:
 def handle_preemption_in_runner(runner_cls: Any) -> None:
     """Patch ``runner_cls.execute_model`` (vllm-spyre's continuous-batching runner, 1.x or
     0.4) as described in the module docstring. The preempted ids come from the scheduler
-    output (on vLLM 0.9, from harness.targets.spyre.legacy_preemptions)."""
+    output (on vLLM 0.9, from harness.in_engine.legacy_preemptions)."""
     original = runner_cls.execute_model
     seen: dict[str, Any] = {}  # request id -> the NewRequestData of its first prefill
 

