@@ -275,7 +275,7 @@ ROWS = [
         ["--inject-fault: fault 'os.system' is not one of the harness's faults",
          "pass --allow-external-faults"]),
     Row("inject-fault-unknown", ["--inject-fault", "nope"], USAGE,
-        ["--inject-fault: unknown fault 'nope'; known: keep-dummy-on-join"]),
+        ["--inject-fault: unknown fault 'nope'; known: block-too-few, block-too-many"]),
     Row("help-writes-nothing", ["--help"], 0, ["--allow-external-faults"]),
     Row("collect-only-writes-nothing", ["--collect-only", "--model", "tiny-llama",
                                         "--target", "vllm-cpu"], 0, ["collected"]),

@@ -25,6 +25,7 @@ from harness.engine.hygiene import (
     judge_trace,
 )
 from harness.in_engine import faults
+from harness.in_engine.faults import registry
 from harness.report.categories import classify
 from harness.report.root_cause import (
     group_by_root_cause,
@@ -347,7 +348,7 @@ def fake_block_pool(monkeypatch):
     for name in ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.block_pool"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     sys.modules["vllm.v1.core.block_pool"].BlockPool = BlockPool  # type: ignore[attr-defined]
-    monkeypatch.setitem(faults._armed, "on", True)
+    monkeypatch.setitem(registry._armed, "on", True)
     return BlockPool, freed
 
 
@@ -362,21 +363,32 @@ def test_forget_free_once_fires_once_per_process_not_per_engine(fake_block_pool,
     pool_cls, freed = fake_block_pool
     original = pool_cls.free_blocks
     monkeypatch.setenv(faults.FAULT_STATE_ENV, str(tmp_path))
-    faults.forget_free_once({"target": "vllm-cpu"})  # the first engine
+    faults.FAULTS["forget-free-once"]({"target": "vllm-cpu"})  # the first engine
     free_twice(pool_cls)
     assert freed == [[1], [3, 4]]
     pool_cls.free_blocks = original
-    faults.forget_free_once({"target": "vllm-cpu"})  # its replacement, later in the run
+    faults.FAULTS["forget-free-once"]({"target": "vllm-cpu"})  # its replacement, later in the run
     free_twice(pool_cls)
     assert freed[2:] == [[1, 2], [3, 4]]
 
 
 def test_forget_free_each_forgets_a_block_of_every_request(fake_block_pool):
     pool_cls, freed = fake_block_pool
-    faults.forget_free_each({"target": "vllm-cpu"})
+    faults.FAULTS["forget-free-each"]({"target": "vllm-cpu"})
     free_twice(pool_cls)
     assert freed == [[1], [3]]
     assert {"forget-free-once", "forget-free-each"} <= set(faults.FAULTS)
+
+
+def test_a_once_guard_fires_at_its_chance_and_a_kind_registers_its_faults(monkeypatch, capsys):
+    once = registry.Once(after=1)
+    assert not once.due()  # dormant until armed: not even a chance
+    monkeypatch.setitem(registry._armed, "on", True)
+    assert [once.due(), once.due(), once.due()] == [False, True, True]  # due until fired
+    once.fire("[hil] fault probe fired")
+    assert not once.due() and capsys.readouterr().out == "[hil] fault probe fired\n"
+    assert faults.FAULTS["reserve-short"].__module__ == "harness.targets.spyre.faults"
+    assert registry.run_target_hook(registry.LEDGER_POOL, {"target": "vllm-cpu"}) is None
 
 
 def test_the_run_summary_file_has_the_root_cause_section_and_restart_count(tmp_path):

@@ -1,7 +1,7 @@
 """The lab's CI definitions (lab/ci/): each validates against its published schema with a
 maintained validator (check-jsonschema's vendored GitHub workflow and GitLab CI schemas,
 kubernetes-validate's bundled Kubernetes schemas; all offline), a broken copy of each is
-rejected, and every `hil` command in them is one the README shows and the CLI accepts."""
+rejected, and every `hil` command in them is one the lab guide (docs/lab.md) shows and the CLI accepts."""
 
 from __future__ import annotations
 
@@ -97,17 +97,17 @@ def _concrete(command: str) -> list[str]:
 
 
 @pytest.mark.parametrize("path", [GITHUB, GITLAB, *K8S], ids=lambda p: p.name)
-def test_ci_commands_are_the_readmes_and_the_cli_accepts_them(monkeypatch, path):
+def test_ci_commands_are_the_lab_guides_and_the_cli_accepts_them(monkeypatch, path):
     commands = hil_commands(path)
     assert commands, f"no hil command in {path}"
-    readme = (ROOT / "README.md").read_text()
+    guide = (ROOT / "docs" / "lab.md").read_text()
     calls: list[tuple[str, list[str]]] = []
     for name in ("cmd_nightly", "cmd_report"):
         monkeypatch.setattr(cli, name, lambda a, extra, n=name: calls.append((n, extra)) or 0)
     monkeypatch.setattr(selftest, "selftest_command",
                         lambda a, extra: calls.append(("selftest", extra)) or 0)
     for command in commands:
-        assert command in readme, f"{path.name}: {command!r} is not in the README's lab section"
+        assert command in guide, f"{path.name}: {command!r} is not in the lab guide (docs/lab.md)"
         calls.clear()
         assert cli.main(_concrete(command)) == 0
         assert len(calls) == 1 and calls[0][1] == [], (command, calls)  # nothing left over

@@ -1,7 +1,7 @@
 """The token-equality suite fails, with a readable diff, when the device path is perturbed.
 
-A fault (harness.in_engine.faults.perturb_logit) is installed inside the real vLLM and
-vllm-spyre engines: once, at generated position 5 of one request, the least
+A fault (``perturb-logit``, harness.in_engine.faults.logits) is installed inside the real
+vLLM and vllm-spyre engines: once, at generated position 5 of one request, the least
 likely token is made the argmax. The unmodified suite must then fail with
 ``token mismatch:`` at that position, and pass without the fault.
 """

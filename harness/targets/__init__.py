@@ -1,6 +1,6 @@
 """The kind registry: every package here whose ``kind`` module sets ``KIND`` is a target kind.
 
-Adding a device kind means adding one module (see the README, "Adding a device
+Adding a device kind means adding one package (see docs/architecture.md, "Adding a device
 kind"); nothing else names kinds. The lookups the rest of the harness uses:
 ``KINDS`` / ``kind(name)``, ``engine_kinds()``, ``all_variants()``,
 ``device_kinds()``, ``target_for(cfg)`` and ``nightly_markers(devices)``.

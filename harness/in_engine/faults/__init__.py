@@ -1,0 +1,114 @@
+"""Faults injected into the real stack, to prove that each check can fail.
+
+A fault is named in ``EngineConfig.faults`` (or with ``--inject-fault``) as
+``NAME`` or ``NAME:key=value,key=value`` (``variant=ID`` installs it only in that target
+variant's engines); NAME is a key of ``FAULTS``, or a
+``package.module.function`` path when ``--allow-external-faults`` is given. It runs inside the engine process before
+vLLM builds the engine, so it can patch vLLM or a plugin at class level.
+Faults print a ``[hil] fault`` line to the engine log when they fire.
+
+Each fault is registered where it is defined (``@fault("NAME")``, ``registry``), in a
+module per subsystem it patches: ``block_pool`` (vLLM's block pool and KV cache managers),
+``scheduler`` (preemptions and their counters), ``logits`` (what the sampler sees) and
+``engine`` (the engine process, its KV block count); a target kind's own faults live in
+its package, ``harness/targets/<kind>/faults.py``, loaded here. None imports vLLM or a
+plugin before a fault is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pkgutil
+from typing import Any
+
+import harness.targets
+from harness.in_engine.faults import block_pool, engine, logits, scheduler  # noqa: F401 - they register their faults
+from harness.in_engine.faults.registry import FAULT_STATE_ENV, FAULTS, FaultFn, arm, armed
+
+__all__ = [
+    "ALLOW_EXTERNAL_ENV", "FAULTS", "FAULT_STATE_ENV", "FaultFn", "apply_faults", "arm", "armed",
+    "check_fault_specs", "engine_variant", "env_fault_specs", "parse_fault",
+]
+
+ALLOW_EXTERNAL_ENV = "HIL_ALLOW_EXTERNAL_FAULTS"
+
+
+def _load_kind_faults() -> None:
+    """Import every target kind's ``faults`` module (which registers its faults), then put
+    ``FAULTS`` in name order, whichever module registered them."""
+    for info in pkgutil.iter_modules(harness.targets.__path__):
+        name = f"{harness.targets.__name__}.{info.name}.faults"
+        if info.ispkg and importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+    ordered = sorted(FAULTS.items())
+    FAULTS.clear()
+    FAULTS.update(ordered)
+
+
+_load_kind_faults()
+
+
+def parse_fault(spec: str, allow_external: bool = False) -> tuple[FaultFn, dict[str, str]]:
+    """``NAME[:k=v,...]`` -> (function, keyword arguments as strings). A
+    ``module.function`` NAME imports and calls code, so it needs ``allow_external``."""
+    name, _, argstr = spec.partition(":")
+    kwargs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in argstr.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise ValueError(f"fault {spec!r}: argument {part!r} is not key=value")
+        kwargs[key.strip()] = value.strip()
+    if name in FAULTS:
+        return FAULTS[name], kwargs
+    if "." in name and allow_external:
+        module, _, func = name.rpartition(".")
+        return getattr(importlib.import_module(module), func), kwargs
+    if "." in name:
+        raise ValueError(
+            f"fault {name!r} is not one of the harness's faults ({', '.join(FAULTS)}); a"
+            " module.function fault imports and runs code from outside the harness: pass"
+            " --allow-external-faults to allow it"
+        )
+    raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}"
+                     " (or a module.function path with --allow-external-faults)")
+
+
+def env_fault_specs(value: str) -> list[str]:
+    """The fault specs of a ``HIL_FAULTS`` value (separated by ";")."""
+    return [x.strip() for x in value.split(";") if x.strip()]
+
+
+def check_fault_specs(value: str, allow_external: bool = False) -> None:
+    """Raise ValueError for a ``HIL_FAULTS`` value naming a fault not allowed (nothing is
+    imported for a known name; an external one is only checked by name here)."""
+    for spec in env_fault_specs(value):
+        name = spec.partition(":")[0]
+        if name in FAULTS or ("." in name and allow_external):
+            continue
+        parse_fault(spec, allow_external=False)  # raises with the message
+
+
+def apply_faults(specs: list[str], config: dict[str, Any]) -> None:
+    """Install every fault in ``specs`` and in ``$HIL_FAULTS`` (separated by ";"; set per
+    device in an inventory to simulate a broken card); called before vLLM starts.
+    External ``module.function`` faults only with ``$HIL_ALLOW_EXTERNAL_FAULTS=1``, which
+    ``--allow-external-faults`` sets."""
+    allow = os.environ.get(ALLOW_EXTERNAL_ENV, "") not in ("", "0")
+    env_specs = env_fault_specs(os.environ.get("HIL_FAULTS", ""))
+    for spec in list(specs) + env_specs:
+        fn, kwargs = parse_fault(spec, allow_external=allow)
+        # Any fault takes variant=ID (spyre-eager-cb, vllm-cpu): installed only in that
+        # variant's engines, so one run can prove one fault per target.
+        variant = kwargs.pop("variant", None)
+        if variant is not None and variant != engine_variant(config):
+            print(f"[hil] fault not installed (for {variant}): {spec}", flush=True)
+            continue
+        fn(config, **kwargs)
+        print(f"[hil] fault installed: {spec}", flush=True)
+
+
+def engine_variant(config: dict[str, Any]) -> str:
+    """The variant id of an engine configuration dict (``EngineConfig.variant_id``)."""
+    return "-".join(str(config[k]) for k in ("target", "backend", "mode") if config.get(k))
