@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness.core.devices import device_root
 from harness.core.paths import REPO_ROOT
 from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
 from harness.report.generate import report_command
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--stacks", default="default")
     n.set_defaults(func=cmd_nightly)
     d = sub.add_parser("devices", help="print discovered devices")
-    d.add_argument("--root", default=os.environ.get("HIL_DEVICE_ROOT") or "/",
+    d.add_argument("--root", default=str(device_root()),
                    help="filesystem root to scan (a fake card host; env HIL_DEVICE_ROOT; default /)")
     d.add_argument("--inventory", default="", help="an inventory file to check instead")
     d.set_defaults(func=cmd_devices)

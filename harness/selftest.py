@@ -88,7 +88,7 @@ CPU_CASES: tuple[Case, ...] = (
          extra=("--engine-timeout", "15")),
     Case("keep-dummy-on-join", "spyre-eager-cb", FREEING, "dummy_padding", "block leak",
          stack=LEGACY_STACK),
-    # One fault per KV ledger invariant (tests/test_kv_faults.py, tests/test_legacy_stack.py).
+    # One fault per KV ledger invariant (tests/e2e/test_kv_faults.py, tests/e2e/test_legacy_stack.py).
     Case("free-pad-block", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
     Case("refree-block", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
     Case("extra-ref", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
@@ -101,7 +101,7 @@ CPU_CASES: tuple[Case, ...] = (
     Case("misname-dummy", "spyre-eager-cb", FREEING, "dummy_padding", "block leak",
          stack=LEGACY_STACK),
 )
-# Faults that need a card (their check is the on-card verification); tests/test_card_host.py
+# Faults that need a card (their check is the on-card verification); tests/e2e/test_card_host.py
 # proves them on the emulated card host.
 CARD_ONLY_FAULTS = ("open-other-card",)
 # On a card the faults that patch vLLM itself apply; the device is required, not skipped.

@@ -1,4 +1,4 @@
-"""Child side of tests/test_neuron_config.py: vllm-neuron's real code on the harness's engine
+"""Child side of tests/unit/targets/neuron/test_config.py: vllm-neuron's real code on the harness's engine
 arguments, in the ``neuron-config`` stack (vllm-neuron 0.2.0 + vLLM 0.11.0, no Neuron SDK)::
 
     <neuron-config python> tests/neuron_probe.py IN.json OUT.json

@@ -26,10 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.core.comparison import NEAR_TIE_PROB_TOL
 from harness.core.trace import RequestTrace, TokenStep
 
-# harness.checks.tokens.NearTiePolicy's default prob_tol, the --near-tie-tol default.
-DEFAULT_TOL = 0.05
+# NearTiePolicy's default prob_tol, the --near-tie-tol default.
+DEFAULT_TOL = NEAR_TIE_PROB_TOL
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from harness.core.trace import RequestTrace, TokenStep, Trace
 from harness.core.verdict import TOKEN_EQUALITY, Verdict
 from harness.render.token_diff import render_comparison
 
-DEFAULT_POLICY = NearTiePolicy()  # the documented defaults (top-k 5, tolerance 0.05)
+DEFAULT_POLICY = NearTiePolicy()  # the documented defaults (NEAR_TIE_TOP_K, NEAR_TIE_PROB_TOL)
 
 # Absorbs exp/log rounding so a gap exactly at prob_tol is accepted.
 _GAP_EPS = 1e-12

@@ -8,13 +8,17 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+# The near-tie rule's defaults (--near-tie-topk, --near-tie-tol).
+NEAR_TIE_TOP_K = 5
+NEAR_TIE_PROB_TOL = 0.05
+
 
 @dataclass(frozen=True)
 class NearTiePolicy:
     """When a first divergence is accepted as a near-tie (see module docstring)."""
 
-    top_k: int = 5
-    prob_tol: float = 0.05
+    top_k: int = NEAR_TIE_TOP_K
+    prob_tol: float = NEAR_TIE_PROB_TOL
     dtypes: str = ""  # e.g. "reference fp32, device fp16": stated in every diff
 
     def __post_init__(self) -> None:

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.checks.capacity import KvPool
+from harness.core.comparison import NEAR_TIE_TOP_K
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.errors import EngineCrashed, EngineRequestError, EngineStartError, EngineTimeout
 from harness.core.serialise import snapshot_from_dict, trace_from_dict
 from harness.core.trace import KvSnapshot, Trace
-from harness.engine.host import EngineHost
+from harness.engine.host import CALL_TIMEOUT, EngineHost
 from harness.engine.hygiene import EngineHygiene
 from harness.engine.pool import EnginePool
 from harness.scenario.prompts import Scenario
@@ -29,8 +30,8 @@ from harness.targets import target_for
 
 @dataclass(frozen=True)
 class DriverSettings:
-    call_timeout: float = 900.0
-    top_k: int = 5  # logprobs recorded per position (the near-tie rule's top_k)
+    call_timeout: float = CALL_TIMEOUT
+    top_k: int = NEAR_TIE_TOP_K  # logprobs recorded per position (the near-tie rule's top_k)
     kv_probe: bool = True
 
 

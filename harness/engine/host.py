@@ -35,10 +35,12 @@ from harness.core.errors import (
 )
 from harness.core.paths import REPO_ROOT
 from harness.engine import forkserver
+from harness.targets.spyre.card import START_TIMEOUTS
 
 log = logging.getLogger("harness.engine")
 
 LOG_TAIL_LINES = 60
+CALL_TIMEOUT = 900.0  # seconds one engine call may take (--engine-timeout's default)
 
 
 def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -67,7 +69,7 @@ class EngineHost:
         env: dict[str, str],
         llm_kwargs: dict[str, Any],
         log_dir: Path,
-        start_timeout: float = 600.0,
+        start_timeout: float = START_TIMEOUTS["default"],
         python: str | None = None,
     ) -> None:
         self.cfg = cfg
@@ -181,7 +183,7 @@ class EngineHost:
     def alive(self) -> bool:
         return self.conn is not None and self.proc.poll() is None
 
-    def call(self, op: str, payload: Any = None, timeout: float = 900.0) -> Any:
+    def call(self, op: str, payload: Any = None, timeout: float = CALL_TIMEOUT) -> Any:
         """Run one command in the engine process and return its result."""
         if not self.alive:
             raise EngineCrashed(

@@ -24,6 +24,8 @@ from harness.stacks import host as host_stack
 from harness.targets import target_for
 from harness.targets.spyre import card
 
+MAX_LIVE_ENGINES = 3  # engines kept alive at once per pytest process (--max-live-engines)
+
 
 @dataclass(frozen=True)
 class EngineStart:
@@ -39,7 +41,7 @@ class PoolSettings:
     """What the pool needs from the session options."""
 
     reports_dir: Path
-    max_live_engines: int = 3
+    max_live_engines: int = MAX_LIVE_ENGINES
     start_timeout: float | None = None  # None: per backend (harness.targets.spyre.card.start_timeout)
     engine_reuse: bool = True
 

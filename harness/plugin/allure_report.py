@@ -13,8 +13,8 @@ alone cleans the results folder for ``--clean-alluredir``.
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,14 @@ from allure_commons import plugin_manager
 from allure_commons.types import AttachmentType
 from allure_commons.utils import uuid4
 
+from harness.checks.logprobs import compare_logprobs, logprob_policy
+from harness.core.serialise import snapshot_to_dict
 from harness.core.verdict import VerdictFailed
+from harness.plugin.invocation import is_worker, writes_nothing
+from harness.plugin.options import ALLURE, add_options, option_value
+from harness.plugin.ordering import shard_with_plan
 from harness.report import attachments as att
+from harness.report.deviation_plot import deviation_svg, series_of_forced, series_of_free_run
 from harness.report.evidence import CallEvidence, StepInfo, run_steps_of
 from harness.report.labels import (
     ReportParam,
@@ -36,6 +42,8 @@ from harness.report.labels import (
     static_labels,
     static_params,
 )
+from harness.report.root_cause import labels_for
+from harness.report.run_config import RunOptions, write_run_config
 
 log = logging.getLogger("harness.report")
 
@@ -43,22 +51,11 @@ EVIDENCE_KEY = pytest.StashKey[CallEvidence]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("vllm-hil")
-    g.addoption(
-        "--allure-attach-passed",
-        action="store_true",
-        default=os.environ.get("HIL_ALLURE_ATTACH_PASSED", "") not in ("", "0"),
-        help="attach the evidence (token diff, KV ledger, scenario, engine log) to passing"
-        " tests too, not only to failures (env HIL_ALLURE_ATTACH_PASSED)",
-    )
+    add_options(parser, ALLURE)  # --allure-attach-passed (declared in options.py)
 
 
 def _active(config: pytest.Config) -> bool:
     return bool(getattr(config.option, "allure_report_dir", None))
-
-
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -66,17 +63,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # allure-pytest's --clean-alluredir empties the folder in every process; under
     # xdist a worker would delete what another already wrote. Only the controller,
     # which configures before any worker starts, may clean.
-    if _is_worker(config) and getattr(config.option, "clean_alluredir", False):
+    if is_worker(config) and getattr(config.option, "clean_alluredir", False):
         config.option.clean_alluredir = False
-
-
-def shard_with_plan(config: pytest.Config) -> str:
-    """``I/N`` and how the shards were planned (merges compare the plans)."""
-    from harness.plugin.hooks import SHARD_PLAN_KEY
-
-    shard = str(config.getoption("--shard", "") or "")
-    plan = config.stash.get(SHARD_PLAN_KEY, "")
-    return f"{shard} {plan}" if shard and plan else shard
 
 
 @pytest.hookimpl(trylast=True)
@@ -92,23 +80,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _write_config(config: pytest.Config) -> None:
-    from harness.plugin.invocation import writes_nothing
-
-    if not _active(config) or _is_worker(config) or writes_nothing(config):
+    if not _active(config) or is_worker(config) or writes_nothing(config):
         return
-    from harness.report.run_config import RunOptions, write_run_config
-
     try:
-        opt = config.getoption
         run = RunOptions(
-            targets=str(opt("--target", "") or "all"),
-            models=str(opt("--model", "")),
-            faults=", ".join(opt("--inject-fault", []) or []) or "none",
-            markers=str(opt("-m", "") or ""),
+            targets=str(option_value(config, "--target", "") or "all"),
+            models=str(option_value(config, "--model", "")),
+            faults=", ".join(option_value(config, "--inject-fault", []) or []) or "none",
+            markers=str(config.getoption("-m", "") or ""),
             workers=str(getattr(config.option, "numprocesses", None) or "0"),
-            inventory=str(opt("--inventory", "") or ""),
+            inventory=str(option_value(config, "--inventory", "") or ""),
             args=" ".join(config.invocation_params.args),
-            stack=str(opt("--stack", "default") or "default"),
+            stack=str(option_value(config, "--stack", "default") or "default"),
             shard=shard_with_plan(config),
         )
         write_run_config(Path(config.option.allure_report_dir), run)
@@ -132,7 +115,7 @@ def _label_test(item: pytest.Item) -> None:
     params = _params_of(item)
     module = getattr(getattr(item, "module", None), "__name__", item.nodeid.split("::")[0])
     function = getattr(getattr(item, "function", None), "__name__", item.name.split("[")[0])
-    stack = str(item.config.getoption("--stack", "default") or "default")
+    stack = str(option_value(item.config, "--stack", "default") or "default")
     for name, value in static_labels(module, function, params):
         if name == "suite" and stack != "default":
             value = f"{value} @ {stack}"  # the same test on two stacks, side by side
@@ -181,9 +164,6 @@ def _emit_step(step: StepInfo) -> None:
 def deviation_plot_of(run: Any, title: str) -> str:
     """The deviation-by-position SVG of a compared run: the teacher-forced run's where there is
     one (every position), else the free run's compared positions."""
-    from harness.checks.logprobs import compare_logprobs, logprob_policy
-    from harness.report.deviation_plot import deviation_svg, series_of_forced, series_of_free_run
-
     diverged = {d.request_id: d.position for d in getattr(run.comparison, "diffs", [])
                 if d.position is not None}
     if run.forced is not None:
@@ -221,10 +201,6 @@ def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseE
             _attach_text(att.scenario_json(run.scenario, run.config), "scenario" + suffix,
                          AttachmentType.JSON)
     for config, snaps in evidence.snapshots:
-        import json
-
-        from harness.core.serialise import snapshot_to_dict
-
         body = json.dumps({"engine": getattr(config, "label", None),
                            "snapshots": [snapshot_to_dict(s) for s in snaps]}, indent=1)
         _attach_text(body, "KV snapshot", AttachmentType.JSON)
@@ -242,8 +218,6 @@ def _label_root_cause(item: pytest.Item) -> None:
     hil = getattr(item, "funcargs", {}).get("hil")
     if hil is None:
         return
-    from harness.report.root_cause import labels_for
-
     events = hil.hygiene.affecting(item.nodeid)
     for name, value in labels_for(events):
         allure.dynamic.label(name, value)
@@ -296,7 +270,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             for run in evidence.runs:
                 if run.scenario is not None:
                     _emit_step(run_steps_of(run))
-            if report.failed or item.config.getoption("--allure-attach-passed"):
+            if report.failed or option_value(item.config, "--allure-attach-passed"):
                 _attach_evidence(evidence, call.excinfo)
     except Exception:  # noqa: BLE001 - a report problem must never change a test's outcome
         log.exception("allure report: labelling or attaching %s failed", item.nodeid)

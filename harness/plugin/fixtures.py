@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from harness.engine.order import save_record
 from harness.lab.inventory import discover_inventory, load_inventory
 from harness.lab.lease_files import LeaseDirError
 from harness.lab.leases import LeaseManager, LeaseUnavailable
+from harness.plugin.options import option_value
 from harness.session.facade import HilSession, Model, SessionOptions
 from harness.targets import kind
 from harness.targets.spyre import card
@@ -28,7 +30,10 @@ def _worker_id(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
     """The harness session of this pytest process (one per xdist worker)."""
-    opt = pytestconfig.getoption
+
+    def opt(name: str) -> Any:
+        return option_value(pytestconfig, name)
+
     cache_dir = Path(opt("--hil-cache-dir"))
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Engines inherit these; keep vLLM's and inductor's caches inside the project cache.
@@ -85,7 +90,7 @@ def model(request: pytest.FixtureRequest, hil: HilSession) -> Model:
 
 
 def _missing(request: pytest.FixtureRequest, reason: str) -> None:
-    if request.config.getoption("--require-device"):
+    if option_value(request.config, "--require-device"):
         pytest.fail(f"device required but missing: {reason}", pytrace=False)
     pytest.skip(reason)
 
@@ -130,5 +135,5 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     if broken:
         _missing(request, broken)
     # The card's defaults first; the inventory's env for the device (in lease.env()) wins.
-    cache_dir = Path(request.config.getoption("--hil-cache-dir"))
+    cache_dir = Path(option_value(request.config, "--hil-cache-dir"))
     return variant.on_device(lease.device.id, {**card.card_env(lease.device, cache_dir), **lease.env()})

@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.core.comparison import NEAR_TIE_TOP_K
 from harness.core.serialise import request_from_dict, request_to_dict
 from harness.core.trace import RequestTrace, TokenStep, Trace
 from harness.reference.cache import ReferenceCache
@@ -41,7 +42,7 @@ class ReferenceRunner:
     label = NAME
 
     def __init__(
-        self, model_path: Path, model_hash: str, cache: ReferenceCache, top_k: int = 5
+        self, model_path: Path, model_hash: str, cache: ReferenceCache, top_k: int = NEAR_TIE_TOP_K
     ) -> None:
         self.top_k = top_k  # top log-probabilities kept per position (the near-tie rule's k)
         self.model_path = model_path

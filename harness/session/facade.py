@@ -29,8 +29,9 @@ from harness.core.errors import EngineRefused
 from harness.core.trace import KvSnapshot, Trace
 from harness.core.verdict import FORCED_TOKENS, Verdict, VerdictFailed
 from harness.engine.driver import DriverSettings, EngineDriver
+from harness.engine.host import CALL_TIMEOUT
 from harness.engine.hygiene import EngineHygiene, judge_snapshots, judge_trace
-from harness.engine.pool import EnginePool, PoolSettings
+from harness.engine.pool import MAX_LIVE_ENGINES, EnginePool, PoolSettings
 from harness.lab.leases import LeaseManager
 from harness.reference.cache import ReferenceCache
 from harness.reference.runner import ReferenceRunner
@@ -54,9 +55,9 @@ class SessionOptions:
     near_tie_tol_sendnn: float = card.NEAR_TIE_TOL_SENDNN  # the card computes fp16
     engine_reuse: bool = True
     reference_cache: bool = True
-    max_live_engines: int = 3
+    max_live_engines: int = MAX_LIVE_ENGINES
     start_timeout: float | None = None  # None: per backend (harness.targets.spyre.card.START_TIMEOUTS)
-    call_timeout: float = 900.0
+    call_timeout: float = CALL_TIMEOUT
     faults: tuple[str, ...] = ()
     kv_probe: bool = True
     stack: str = "default"

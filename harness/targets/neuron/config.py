@@ -1,7 +1,7 @@
 """What the harness passes to vllm-neuron, and why.
 
 Each value below was read against vllm-neuron 0.2.0 (git tag 0.2.0, a96712544a52; it pins
-vLLM 0.11.0) and is checked by running that code in tests/test_neuron_config.py:
+vLLM 0.11.0) and is checked by running that code in tests/unit/targets/neuron/test_config.py:
 
 - ``num_gpu_blocks_override``: its README requires it (``ceil(max_model_len // block_size) *
   max_num_seqs``); ``NeuronPlatform.check_and_update_config`` adds the null block itself (+1,

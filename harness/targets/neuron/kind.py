@@ -73,7 +73,7 @@ class NeuronTarget(VllmTarget):
     def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:
         # One block per sequence: a request holds its one block whatever its length, so the
         # pool is tight anyway; the lengths stay those run through vllm-neuron's probe
-        # (tests/test_neuron_config.py): the prompt padded to 64 tokens plus 64 of headroom.
+        # (tests/unit/targets/neuron/test_config.py): the prompt padded to 64 tokens plus 64 of headroom.
         padded = -(-prompt_len // 64) * 64
         return max_model_len - padded - 64
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness.core.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def load_bench() -> Any:

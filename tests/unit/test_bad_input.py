@@ -15,6 +15,7 @@ import pytest
 from harness import cli
 from harness.core.config import ConfigError, EngineConfig, WarmupShape
 from harness.core.errors import EngineStartError
+from harness.core.paths import REPO_ROOT
 from harness.core.trace import TokenStep
 from harness.engine.host import EngineHost
 from harness.in_engine.faults import ALLOW_EXTERNAL_ENV, apply_faults, parse_fault
@@ -150,7 +151,7 @@ def test_cli_rejects_unknown_target_and_missing_model(tmp_path):
 # option, the value seen and what to do, with a documented exit code, and loses nothing.
 # ---------------------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 SUITE = "suites/test_token_equality.py"
 USAGE = 4  # pytest: arguments refused
 

@@ -13,6 +13,7 @@ import pytest
 
 from fixtures.models import build_model
 from harness.core.errors import EngineCrashed
+from harness.core.paths import REPO_ROOT
 from harness.engine import forkserver
 from harness.engine.forkserver import ForkedProcess, ForkServerError, late, parent_env, platform_key
 from harness.engine.host import EngineHost
@@ -20,7 +21,7 @@ from harness.scenario.prompts import EngineLimits
 from harness.targets import target_for
 from harness.targets.variants import VARIANTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 
 
 # -- the rules, without engines ---------------------------------------------------------

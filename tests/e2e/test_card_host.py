@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.paths import REPO_ROOT
 from harness.targets.spyre.card import ledger_problems
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 RUN_SH = ROOT / "tools" / "card-host" / "run.sh"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.card_host, pytest.mark.timeout(1500)]

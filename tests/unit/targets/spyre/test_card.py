@@ -12,11 +12,12 @@ from harness.core.comparison import NearTiePolicy
 from harness.core.config import EngineConfig
 from harness.core.devices import InventoryDevice
 from harness.core.errors import EngineRefused, EngineStartError
+from harness.core.paths import REPO_ROOT
 from harness.engine.order import order_tests_by_engine_config, save_record
 from harness.session.facade import HilSession, SessionOptions
 from harness.targets.spyre import card
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 ADDR, OTHER = "0000:3b:00.0", "0000:3c:00.0"
 
 

@@ -25,12 +25,13 @@ import pytest
 from harness.checks.capacity import blocks_needed, full_batch_shortfall
 from harness.checks.preemption import check_full_batch
 from harness.core.config import EngineConfig
+from harness.core.paths import REPO_ROOT
 from harness.core.trace import StepRecord, Trace
 from harness.stacks.spec import load_stack, stack_python, stack_status
 from harness.targets.neuron.config import check_block_geometry, check_engine_info
 from harness.targets.neuron.kind import NeuronTarget
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 STACK = "neuron-config"
 STUBS = ROOT / "tests" / "neuron_sdk_stubs"
 PROBE = ROOT / "tests" / "neuron_probe.py"

@@ -2,7 +2,7 @@
 (or, where it cannot be, judged as inherited state); the report groups failures by root cause.
 
 Fakes stand for the engine pool and hosts only (the seam the hygiene drives); the ledgers are
-hand-built snapshots, as in tests/test_kv.py.
+hand-built snapshots, as in tests/unit/checks/test_ledger.py.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ import yaml
 
 import harness.cli as cli
 import harness.selftest as selftest
+from harness.core.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 CI = ROOT / "lab" / "ci"
 GITHUB = CI / "github" / "hil-nightly.yml"
 GITLAB = CI / "gitlab" / "hil-nightly.gitlab-ci.yml"

@@ -1,0 +1,87 @@
+"""What runs: the markers, the --target and --model values checked, and tests parametrized
+over the selected target variants and models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fixtures.models import MODEL_SPECS
+from harness.plugin.options import option_value
+from harness.scenario.model_folder import ModelFolderError, check_model_folder
+from harness.targets import kind_markers
+from harness.targets.variants import select_variants
+
+MARKERS = {
+    **kind_markers(),  # cpu, spyre, neuron, sb, cb, cp: declared by the kinds (harness/targets/)
+    "token_equality": "suite: greedy tokens equal the CPU reference",
+    "no_recompute": "suite: no preemption/recompute at full batch",
+    "block_freeing": "suite: padding and dummy KV blocks are freed",
+    "capacity": "suite: KV block count can serve a full-length request",
+    "hil_targets": "hil_targets(spec): limit a test's target variants (same syntax as --target)",
+    "hil_first_model": "run only on the first model of --model (a control whose cost is engine starts)",
+    "nightly": "in the nightly selection (hil nightly)",
+    "slow": "end to end: starts engines or child pytests (deselect with -m 'not slow')",
+    "card_host": "end-to-end on the emulated card host (tools/card-host/run.sh; minutes)",
+}
+
+
+def register_markers(config: pytest.Config) -> None:
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+def model_values(config: pytest.Config) -> list[str]:
+    return [m.strip() for m in str(option_value(config, "--model")).split(",") if m.strip()]
+
+
+def check_targets(config: pytest.Config) -> None:
+    try:
+        select_variants(option_value(config, "--target"))
+    except ValueError as e:
+        raise pytest.UsageError(f"--target: {e}") from None
+
+
+def check_models(config: pytest.Config) -> None:
+    if not model_values(config):
+        raise pytest.UsageError(f"--model {option_value(config, '--model')!r} names no model; pass"
+                                f" one of: {', '.join(MODEL_SPECS)}, or a local model folder")
+    for m in model_values(config):
+        if m not in MODEL_SPECS and not Path(m).is_dir():
+            raise pytest.UsageError(
+                f"--model: model folder not found: {m}; pass a local model folder (containing"
+                f" config.json) or one of: {', '.join(MODEL_SPECS)}"
+            )
+        if m not in MODEL_SPECS:
+            try:
+                check_model_folder(Path(m))
+            except ModelFolderError as e:
+                raise pytest.UsageError(f"--model: {e}") from None
+
+
+def _model_id(model: str) -> str:
+    return model if model in MODEL_SPECS else Path(model).name
+
+
+def parametrize(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``model`` over --model and ``target_variant`` over --target (each test's
+    ``hil_first_model`` and ``hil_targets`` markers narrowing them)."""
+    config = metafunc.config
+    if "model" in metafunc.fixturenames:
+        models = model_values(config)
+        if metafunc.definition.get_closest_marker("hil_first_model") is not None:
+            models = models[:1]
+        metafunc.parametrize("model", models, ids=[_model_id(m) for m in models], indirect=True,
+                             scope="session")
+    if "target_variant" in metafunc.fixturenames:
+        variants = select_variants(option_value(config, "--target"))
+        limit = metafunc.definition.get_closest_marker("hil_targets")
+        if limit is not None:
+            allowed = {v.id for v in select_variants(",".join(limit.args))}
+            variants = [v for v in variants if v.id in allowed]
+        params = [
+            pytest.param(v, id=v.id, marks=[getattr(pytest.mark, m) for m in v.markers])
+            for v in variants
+        ]
+        metafunc.parametrize("target_variant", params, indirect=True)

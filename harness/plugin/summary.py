@@ -1,0 +1,90 @@
+"""The run's terminal summary (section ``vllm-hil``): quarantined tests that pass now, and
+what the workers' statistics files say: engines started, cards, engine hygiene, reference
+cache, near-ties, near-tie exposure and teacher-forced agreement."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness.checks.agreement import agreement_lines
+from harness.checks.exposure import exposure_lines
+from harness.lab.quarantine import quarantined_passes
+from harness.plugin.invocation import is_worker, writes_nothing
+from harness.plugin.options import option_value
+from harness.report.root_cause import hygiene_lines
+from harness.targets.spyre.card import summary_lines
+
+
+def warn_quarantined_passes(tr: pytest.TerminalReporter) -> None:
+    for nodeid in quarantined_passes(tr):
+        tr.write_line(
+            f"WARNING: quarantined test passes now; remove it from quarantine: {nodeid}",
+            yellow=True, bold=True)
+
+
+@dataclass
+class RunStats:
+    """The workers' statistics files (REPORTS_DIR/stats/*.json), merged."""
+
+    engines: list[dict] = field(default_factory=list)
+    hits: int = 0
+    misses: int = 0
+    near: list[str] = field(default_factory=list)
+    leases: list[str] = field(default_factory=list)
+    exposure: list[dict] = field(default_factory=list)
+    agreement: list[dict] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)
+    cards: list[dict] = field(default_factory=list)
+    hygiene: list[dict] = field(default_factory=list)
+
+    def add(self, s: dict) -> None:
+        self.engines += s["engines"]
+        self.hits += s["reference_hits"]
+        self.misses += s["reference_misses"]
+        self.near += s["near_ties"]
+        self.leases += s.get("leases", [])
+        self.exposure.append(s.get("exposure", {}))
+        self.agreement.append(s.get("agreement", {}))
+        self.bad += s.get("reference_bad", [])
+        self.cards += s.get("cards", [])
+        self.hygiene.append(s.get("hygiene", {}))
+
+
+def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if is_worker(config) or writes_nothing(config):
+        return  # a collect-only run must not report the statistics of another run
+    warn_quarantined_passes(tr)
+    stats_dir = Path(option_value(config, "--hil-reports-dir")) / "stats"
+    files = sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []
+    if not files:
+        return
+    s = RunStats()
+    for f in files:
+        s.add(json.loads(f.read_text()))
+    tr.section("vllm-hil")
+    tr.write_line(f"stack: {option_value(config, '--stack')}")
+    for line in s.leases:
+        tr.write_line(f"lease: {line}")
+    starts = ", ".join(f"{e['config']} {e['seconds']}s" for e in s.engines) or "none"
+    tr.write_line(f"engines started: {len(s.engines)} ({starts})")
+    for line in summary_lines(s.cards):
+        tr.write_line(line)
+    for line in hygiene_lines(s.hygiene):
+        tr.write_line(line, yellow=line.startswith("  "))
+    tr.write_line(f"reference cache: {s.hits} hits, {s.misses} computed")
+    if s.bad:
+        tr.write_line(f"reference cache: {len(s.bad)} bad entr{'y' if len(s.bad) == 1 else 'ies'}"
+                      " recomputed", yellow=True)
+        for b in s.bad:
+            tr.write_line(f"  bad entry: {b}")
+    tr.write_line(f"near-ties accepted: {len(s.near)}")
+    for n in s.near:
+        tr.write_line(f"  near-tie: {n}")
+    for line in exposure_lines(s.exposure):
+        tr.write_line(line, yellow=line.startswith("WARNING"))
+    for line in agreement_lines(s.agreement, s.exposure):
+        tr.write_line(line)
