@@ -21,6 +21,7 @@ from harness.core.errors import EngineError, EngineStartError
 from harness.engine.host import EngineHost
 from harness.in_engine.faults import FAULT_STATE_ENV
 from harness.stacks import host as host_stack
+from harness.stacks.spec import load_stack, stack_python
 from harness.targets import target_for
 from harness.targets.spyre import card
 
@@ -52,7 +53,6 @@ def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[s
         return None, {}, {}
     if cfg.stack == host_stack.HOST:
         return host_stack.host_python(), {}, {}
-    from harness.stacks.spec import load_stack, stack_python
 
     stack = load_stack(cfg.stack)
     python = stack_python(cfg.stack)

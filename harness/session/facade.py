@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness.checks.agreement import AgreementTally
 from harness.checks.capacity import KvPool
 from harness.checks.exposure import ExposureTally
@@ -31,6 +33,7 @@ from harness.core.verdict import FORCED_TOKENS, Verdict, VerdictFailed
 from harness.engine.driver import DriverSettings, EngineDriver
 from harness.engine.host import CALL_TIMEOUT
 from harness.engine.hygiene import EngineHygiene, judge_snapshots, judge_trace
+from harness.engine.order import config_id
 from harness.engine.pool import MAX_LIVE_ENGINES, EnginePool, PoolSettings
 from harness.lab.leases import LeaseManager
 from harness.reference.cache import ReferenceCache
@@ -40,6 +43,7 @@ from harness.scenario.prompts import PromptSet, Scenario
 from harness.session.listeners import Listeners, SessionListener
 from harness.session.stats import SessionStats, Timers
 from harness.stacks import host as host_stack
+from harness.stacks.spec import load_stack, stack_python
 from harness.targets.geometry import pool_overrides
 from harness.targets.spyre import card
 from harness.targets.variants import TargetVariant
@@ -141,7 +145,6 @@ class HilSession:
         """Why ``variant`` (in a test with these markers) cannot run on this session's stack."""
         if host_stack.is_unpinned(self.opts.stack):
             return None
-        from harness.stacks.spec import load_stack, stack_python
 
         stack = load_stack(self.opts.stack)
         for m in markers:
@@ -187,12 +190,8 @@ class HilSession:
     def _before_call(self, cfg: EngineConfig) -> None:
         """Record the test's engine configuration (the test order of the next run); in a plan
         pass (``--hil-plan``) start nothing."""
-        from harness.engine.order import config_id
-
         self.test_configs.setdefault(self.current_test, config_id(cfg))
         if self.opts.plan_only:
-            import pytest
-
             pytest.skip(f"plan only: recorded engine configuration {cfg.label}")
 
     @contextlib.contextmanager
