@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Pools up to this size get a full snapshot every step (cheap there: a few ms).
-FULL_PROBE_MAX_BLOCKS = int(os.environ.get("HIL_FULL_PROBE_MAX_BLOCKS", "4096"))
+FULL_PROBE_MAX_BLOCKS = 4096  # default of HIL_FULL_PROBE_MAX_BLOCKS
 # A full snapshot every this many snapshots of one pool (at least) ...
-CHECKPOINT_EVERY = int(os.environ.get("HIL_PROBE_CHECKPOINT_EVERY", "32"))
+CHECKPOINT_EVERY = 32  # default of HIL_PROBE_CHECKPOINT_EVERY
 # ... or every num_blocks / this many on larger pools: a full read and check costs about
 # a microsecond per block, so a checkpoint then adds about 1 ms per step at any pool size.
 BLOCKS_PER_CHECKPOINT_STEP = 1024
@@ -35,7 +35,8 @@ BLOCKS_PER_CHECKPOINT_STEP = 1024
 
 def checkpoint_every(num_blocks: int) -> int:
     """Snapshots between two full ones of a pool of ``num_blocks`` (delta probes only)."""
-    return max(CHECKPOINT_EVERY, -(-num_blocks // BLOCKS_PER_CHECKPOINT_STEP))
+    every = int(os.environ.get("HIL_PROBE_CHECKPOINT_EVERY", CHECKPOINT_EVERY))
+    return max(every, -(-num_blocks // BLOCKS_PER_CHECKPOINT_STEP))
 
 
 @dataclass
@@ -76,7 +77,7 @@ class DeltaTracker:
         if (
             prev is None
             or self.force_full
-            or len(blocks) <= FULL_PROBE_MAX_BLOCKS
+            or len(blocks) <= int(os.environ.get("HIL_FULL_PROBE_MAX_BLOCKS", FULL_PROBE_MAX_BLOCKS))
             or prev.since_full + 1 >= checkpoint_every(len(blocks))
         ):
             return None
