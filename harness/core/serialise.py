@@ -30,7 +30,7 @@ def snapshot_to_dict(s: KvSnapshot) -> dict[str, Any]:
             continue
         if f.name == "ref_counts" and v is not None:
             v = {str(k): n for k, n in v.items()}
-        elif f.name == "owned":
+        elif f.name in ("owned", "runner_blocks") and v is not None:
             v = {k: list(ids) for k, ids in v.items()}
         elif isinstance(v, (list, dict)):
             v = v.copy()
@@ -57,6 +57,10 @@ def snapshot_from_dict(d: Mapping[str, Any]) -> KvSnapshot:
         ref_counts=None if ref_counts is None else {int(k): int(v) for k, v in ref_counts.items()},
         prefix_caching=bool(d.get("prefix_caching", False)),
         serving=None if d.get("serving") is None else [str(r) for r in d["serving"]],
+        promised=None if d.get("promised") is None else {str(k): int(v) for k, v in d["promised"].items()},
+        promised_total=_opt_int(d.get("promised_total")),
+        runner_blocks=None if d.get("runner_blocks") is None
+        else {str(k): [int(b) for b in v] for k, v in d["runner_blocks"].items()},
         free_taken=_opt_ints(d.get("free_taken")),
         free_returned=_opt_ints(d.get("free_returned")),
     )
@@ -83,6 +87,7 @@ def step_from_dict(d: Mapping[str, Any]) -> StepRecord:
         preempted=ids("preempted"),
         delivered_finished=ids("delivered_finished"),
         preemptions={str(k): int(v) for k, v in d.get("preemptions", {}).items()},
+        paused=ids("paused"),
         scheduled=bool(d.get("scheduled", False)),
         num_scheduled_tokens=int(d.get("num_scheduled_tokens", 0)),
         tkv=_opt_int(d.get("tkv")),
@@ -107,6 +112,7 @@ def request_to_dict(r: RequestTrace) -> dict[str, Any]:
         ],
         "num_preemptions": r.num_preemptions,
         "finish_reason": r.finish_reason,
+        "num_cached_tokens": r.num_cached_tokens,
     }
 
 
@@ -126,6 +132,7 @@ def request_from_dict(d: Mapping[str, Any]) -> RequestTrace:
         steps=steps,
         num_preemptions=int(d.get("num_preemptions", 0)),
         finish_reason=d.get("finish_reason"),
+        num_cached_tokens=int(d.get("num_cached_tokens", 0)),
     )
 
 

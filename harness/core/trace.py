@@ -65,6 +65,9 @@ class RequestTrace:
     steps: list[TokenStep] = field(default_factory=list)
     num_preemptions: int = 0
     finish_reason: str | None = None
+    # Prompt tokens served from the prefix cache at admission (vLLM's num_cached_tokens):
+    # the executor never runs them.
+    num_cached_tokens: int = 0
 
     @property
     def token_ids(self) -> list[int]:
@@ -100,6 +103,8 @@ class KvSnapshot:
     holds the pool's reference count of every non-pad block that is owned or has a
     nonzero count (absent means 0); ``prefix_caching`` says whether blocks may be shared.
     ``serving`` lists the requests the runner holds in its request table (vllm-spyre 1.x).
+    ``promised`` / ``promised_total`` and ``runner_blocks`` are sendnn-inference 2.x's
+    scheduler promises and the runner's block table.
     """
 
     source: str
@@ -118,6 +123,14 @@ class KvSnapshot:
     # Requests the runner is serving, from its own request table (not its reservations);
     # None where unknown. A reservation of a request not served is a leaked one.
     serving: list[str] | None = None
+    # sendnn-inference 2.x: blocks the scheduler still promises each request it admitted
+    # (``reserved_blocks``: the reservation minus what was allocated since), and its own
+    # running total of them (``total_reserved_blocks``); None where the stack has neither.
+    promised: dict[str, int] | None = None
+    promised_total: int | None = None
+    # The runner's block table per request it holds (its own copy, pad blocks left out),
+    # read beside the pool it should agree with; None where the runner keeps no table.
+    runner_blocks: dict[str, list[int]] | None = None
     # Set by a delta probe (harness.in_engine.probe_delta): blocks that left and joined the
     # free list since the previous snapshot; free_blocks stays empty (the host gives the
     # snapshot a delta_view, harness.core.kv_delta) and ref_counts holds only the blocks owned
@@ -177,6 +190,9 @@ class StepRecord:
     preempted: list[str] = field(default_factory=list)
     delivered_finished: list[str] = field(default_factory=list)
     preemptions: dict[str, int] = field(default_factory=dict)
+    # Requests the scheduler has paused after this step (sendnn-inference 2.x): out of the
+    # batch, in neither running nor waiting, still holding their blocks.
+    paused: list[str] = field(default_factory=list)
     scheduled: bool = False
     num_scheduled_tokens: int = 0
     tkv: int | None = None

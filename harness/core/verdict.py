@@ -75,3 +75,18 @@ class VerdictFailed(AssertionError):
 
 def first_failure(verdicts: list[Verdict]) -> Verdict | None:
     return next((v for v in verdicts if not v.ok), None)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant: a stable snake_case name and a sentence saying what was seen."""
+
+    invariant: str
+    message: str
+    step: int | None = None
+    source: str | None = None
+
+    def __str__(self) -> str:
+        where = "" if self.step is None else f"step {self.step}: "
+        src = "" if self.source is None else f" [{self.source}]"
+        return f"{where}{self.invariant}{src}: {self.message}"

@@ -35,12 +35,14 @@ from harness.core.errors import (
 )
 from harness.core.paths import REPO_ROOT
 from harness.engine import forkserver
-from harness.targets.spyre.card import START_TIMEOUTS
 
 log = logging.getLogger("harness.engine")
 
 LOG_TAIL_LINES = 60
 CALL_TIMEOUT = 900.0  # seconds one engine call may take (--engine-timeout's default)
+# Seconds an engine may take to start where its kind asks no longer (VllmTarget.start_timeout;
+# a card compiles every graph at start); the CPU targets start in seconds.
+START_TIMEOUT = 600.0
 
 
 def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -56,6 +58,16 @@ def read_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
+def log_since(path: Path, offset: int) -> str:
+    """The engine log from ``offset`` on (this start's part of a log shared by restarts)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 class EngineHost:
     """A live engine process for one EngineConfig.
 
@@ -69,7 +81,7 @@ class EngineHost:
         env: dict[str, str],
         llm_kwargs: dict[str, Any],
         log_dir: Path,
-        start_timeout: float = START_TIMEOUTS["default"],
+        start_timeout: float = START_TIMEOUT,
         python: str | None = None,
     ) -> None:
         self.cfg = cfg

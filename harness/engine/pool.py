@@ -17,13 +17,14 @@ from typing import Any
 
 from harness.checks.capacity import CapacityError, check_capacity, preflight_config
 from harness.core.config import EngineConfig
-from harness.core.errors import EngineError, EngineStartError
-from harness.engine.host import EngineHost
+from harness.core.errors import DeviceMismatch, EngineError, EngineStartError
+from harness.engine.device_ledger import DeviceLedger
+from harness.engine.host import START_TIMEOUT, EngineHost, log_since
 from harness.in_engine.faults import FAULT_STATE_ENV
 from harness.stacks import host as host_stack
 from harness.stacks.spec import load_stack, stack_python
 from harness.targets import target_for
-from harness.targets.spyre import card
+from harness.targets.base import VllmTarget
 
 MAX_LIVE_ENGINES = 3  # engines kept alive at once per pytest process (--max-live-engines)
 
@@ -43,7 +44,7 @@ class PoolSettings:
 
     reports_dir: Path
     max_live_engines: int = MAX_LIVE_ENGINES
-    start_timeout: float | None = None  # None: per backend (harness.targets.spyre.card.start_timeout)
+    start_timeout: float | None = None  # None: the kind's for the configuration (start_timeout)
     engine_reuse: bool = True
 
 
@@ -64,6 +65,14 @@ def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[s
     return str(python), env, dict(stack.engine)
 
 
+def start_timeout(target: VllmTarget, option: float | None) -> float:
+    """The engine-start limit: ``--engine-start-timeout`` when given, else the kind's for this
+    configuration (a card compiles at start), else ``START_TIMEOUT``."""
+    if option:
+        return float(option)
+    return target.start_timeout() or START_TIMEOUT
+
+
 class EnginePool:
     """One live EngineHost per EngineConfig, least recently used evicted first."""
 
@@ -72,7 +81,7 @@ class EnginePool:
         self._live: OrderedDict[str, EngineHost] = OrderedDict()
         self._failed: dict[str, EngineError] = {}
         self.started: list[EngineStart] = []
-        self.cards = card.CardLedger()  # starts and stops per card (one engine per card)
+        self.device_ledger = DeviceLedger()  # starts and stops per whole device (one engine per card)
         self._fault_state: str | None = None  # what faults keep across this process's engines
 
     def get(self, cfg: EngineConfig) -> EngineHost:
@@ -85,12 +94,13 @@ class EnginePool:
             return host
         if host is not None:
             self.discard(key)
-        if card.is_card_config(cfg):  # a card cannot load two models at once
-            for other in self.cards.live_on(str(cfg.device)):
+        target = target_for(cfg)
+        holds_device = target.holds_device()
+        if holds_device:  # a card cannot load two models at once
+            for other in self.device_ledger.live_on(str(cfg.device)):
                 self.discard(other)
         while len(self._live) >= max(1, self.settings.max_live_engines):
             self.discard(next(iter(self._live)))
-        target = target_for(cfg)
         python, stack_env, stack_kwargs = stack_runtime(cfg)
         try:
             preflight_config(cfg)
@@ -108,21 +118,21 @@ class EnginePool:
                 env,
                 llm_kwargs,
                 self.settings.reports_dir / "engine-logs",
-                start_timeout=card.start_timeout(cfg, self.settings.start_timeout),
+                start_timeout=start_timeout(target, self.settings.start_timeout),
                 python=python,
             )
         except EngineError as e:
-            if card.is_card_config(cfg):
-                self.cards.started(cfg, ok=False)
+            if holds_device:
+                self.device_ledger.started(cfg, ok=False)
             self._failed[key] = e
             raise
-        if card.is_card_config(cfg):
-            self.cards.started(cfg)
-        problem = card.verify_card_engine(cfg, host.info, card.log_since(host.log_path, host.log_offset))
+        if holds_device:
+            self.device_ledger.started(cfg)
+        problem = target.verify_device(host.info, log_since(host.log_path, host.log_offset))
         if problem:
             tail = host.log_tail()
             self._close(key, host)
-            self._failed[key] = card.CardMismatch(problem, tail)
+            self._failed[key] = DeviceMismatch(problem, tail)
             raise self._failed[key]
         try:
             check_capacity(cfg, host.info)
@@ -155,8 +165,8 @@ class EnginePool:
         on a card it is recorded as such, not as a second start of the configuration)."""
         self.discard(cfg.key)
         host = self.get(cfg)
-        if card.is_card_config(cfg):
-            self.cards.mark_replacement(cfg.key)
+        if target_for(cfg).holds_device():
+            self.device_ledger.mark_replacement(cfg.key)
         return host
 
     def release(self, cfg: EngineConfig) -> None:
@@ -171,7 +181,7 @@ class EnginePool:
 
     def _close(self, key: str, host: EngineHost) -> None:
         host.close()
-        self.cards.closed(key)
+        self.device_ledger.closed(key)
 
     def close(self) -> None:
         for key in list(self._live):

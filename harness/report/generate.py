@@ -26,7 +26,7 @@ from pathlib import Path
 from harness.core.paths import REPO_ROOT
 from harness.report.categories import write_categories
 from harness.report.results import ResultsFolder, load_results
-from harness.report.summary import write_summary
+from harness.report.stack_summary import write_report_summary
 
 TOOL_DIR = REPO_ROOT / "tools" / "report"
 TOOL_BIN = TOOL_DIR / "node_modules" / ".bin" / "allure"
@@ -163,7 +163,7 @@ def generate_report(
     outcome = ReportOutcome(report_dir=report_dir, generated=False, tests=len(folder.results),
                             problems=list(folder.problems))
     if summary_path is not None:
-        write_summary(results_dir, summary_path, folder)
+        write_report_summary(results_dir, summary_path, folder)
     try:
         tool, java = find_tool(env)
     except ReportToolMissing as e:

@@ -129,10 +129,40 @@ def summary_markdown(s: RunSummary, title: str = "vllm-hil run") -> str:
     if s.exposure:
         lines += ["## Near-tie exposure", ""] + [f"- {_cell(e)}" for e in s.exposure] + [""]
     if s.agreement:
-        lines += ["## Teacher-forced agreement", "", *s.agreement, ""]
+        lines += ["## Teacher-forced agreement", "", *agreement_markdown(s.agreement)]
     if s.problems:
         lines += ["## Results problems", ""] + [f"- {_cell(p)}" for p in s.problems] + [""]
     return "\n".join(lines)
+
+
+def is_table_row(line: str) -> bool:
+    return line.lstrip().startswith("|")
+
+
+def agreement_markdown(lines: list[str]) -> list[str]:
+    """The agreement table, then its other lines (targets not forced) as a list after a blank
+    line: a line that follows a table without one would be read as a row of it. A table of a
+    header alone (no target was forced) is left out."""
+    table = [line for line in lines if is_table_row(line)]
+    others = [line for line in lines if line.strip() and not is_table_row(line)]
+    out = table + [""] if len(table) > 2 else []
+    if others:
+        out += [f"- {_cell(line)}" for line in others] + [""]
+    return out
+
+
+def summary_text(tests: list[dict[str, Any]], problems: list[str], stats_dir: Path,
+                 title: str = "vllm-hil run") -> str:
+    """The summary of ``tests`` with the statistics of ``stats_dir`` (exposure, agreement,
+    engine hygiene)."""
+    s = summarize(tests, problems)
+    s.exposure = exposure_from_stats(stats_dir)
+    s.agreement = agreement_from_stats(stats_dir)
+    text = summary_markdown(s, title)
+    section = root_cause_markdown(tests, stats_values(stats_dir, "hygiene"))
+    if section:
+        text = text.rstrip("\n") + "\n\n" + section
+    return text
 
 
 def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = None) -> str:
@@ -141,15 +171,7 @@ def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = N
     The near-tie exposure comes from the session stats beside it (``../stats``), if any.
     """
     folder = folder or load_results(results_dir)
-    s = summarize(folder.tests, folder.problems)
-    s.exposure = exposure_from_stats(Path(results_dir).parent / "stats")
-    s.agreement = agreement_from_stats(Path(results_dir).parent / "stats")
-    text = summary_markdown(s)
-
-    section = root_cause_markdown(folder.tests, stats_values(Path(results_dir).parent / "stats",
-                                                            "hygiene"))
-    if section:
-        text = text.rstrip("\n") + "\n\n" + section
+    text = summary_text(folder.tests, folder.problems, Path(results_dir).parent / "stats")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text

@@ -44,8 +44,8 @@ from harness.session.listeners import Listeners, SessionListener
 from harness.session.stats import SessionStats, Timers
 from harness.stacks import host as host_stack
 from harness.stacks.spec import load_stack, stack_python
+from harness.targets import kind_of_label
 from harness.targets.geometry import pool_overrides
-from harness.targets.spyre import card
 from harness.targets.variants import TargetVariant
 
 __all__ = ["HilSession", "Model", "SessionOptions"]
@@ -56,11 +56,12 @@ class SessionOptions:
     cache_dir: Path
     reports_dir: Path
     near_tie: NearTiePolicy = field(default_factory=NearTiePolicy)
-    near_tie_tol_sendnn: float = card.NEAR_TIE_TOL_SENDNN  # the card computes fp16
+    # Backend -> its wider near-tie tolerance (--near-tie-tol-BACKEND); absent: the kind's default.
+    near_tie_tols: dict[str, float] = field(default_factory=dict)
     engine_reuse: bool = True
     reference_cache: bool = True
     max_live_engines: int = MAX_LIVE_ENGINES
-    start_timeout: float | None = None  # None: per backend (harness.targets.spyre.card.START_TIMEOUTS)
+    start_timeout: float | None = None  # None: per kind and backend (harness.engine.pool.start_timeout)
     call_timeout: float = CALL_TIMEOUT
     faults: tuple[str, ...] = ()
     kv_probe: bool = True
@@ -245,8 +246,7 @@ class HilSession:
         accepted near-ties are kept for the run summary."""
         reference = self.reference(model, scenario) if reference is None else reference
         with self.timers.timed("checks"):
-            policy = card.near_tie_policy(self.opts.near_tie, trace.target,
-                                          self.opts.near_tie_tol_sendnn)
+            policy = self._near_tie_policy(trace)
             comparison = compare_traces(reference, trace, policy=policy)
             verdict = token_verdict(comparison, model.decode, scenario.prompts_by_id())
         for d in comparison.near_ties:
@@ -255,6 +255,11 @@ class HilSession:
             )
         self.listeners.on_comparison(scenario, reference, trace, comparison, model.decode)
         return verdict
+
+    def _near_tie_policy(self, trace: Trace) -> NearTiePolicy:
+        """The near-tie rule for ``trace``: its kind's, for its backend (tolerance, dtypes)."""
+        label = trace.target
+        return kind_of_label(label).near_tie_policy(self.opts.near_tie, label, self.opts.near_tie_tols)
 
     def check_logprobs(self, scenario: Scenario, trace: Trace, reference: Trace) -> Verdict:
         """Logprob closeness of the free run: every token both sides chose after the same
@@ -278,8 +283,7 @@ class HilSession:
             if reason:
                 return [Verdict.passed(FORCED_TOKENS, why)]
         with self.timers.timed("checks"):
-            near_tie = card.near_tie_policy(self.opts.near_tie, trace.target,
-                                            self.opts.near_tie_tol_sendnn)
+            near_tie = self._near_tie_policy(trace)
             policy = logprob_policy(trace.target, self.opts.logprob_tol, self.opts.logprob_tol_card)
             forced = compare_forced(reference, trace, near_tie, policy)
             verdicts = forced.verdicts()
@@ -336,7 +340,7 @@ class HilSession:
             exposure=self.exposure.to_dict(),
             agreement=self.agreement.to_dict(),
             reference_bad=list(self.ref_cache.bad),
-            cards=self._pool.cards.to_list(),
+            cards=self._pool.device_ledger.to_list(),
             leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],
             hygiene=asdict(self.hygiene.stats),
         )

@@ -47,7 +47,7 @@ class SessionStats:
     exposure: dict[str, Any] = field(default_factory=dict)  # harness.checks.exposure tally
     agreement: dict[str, Any] = field(default_factory=dict)  # harness.checks.agreement tally
     leases: list[str] = field(default_factory=list)
-    cards: list[dict[str, Any]] = field(default_factory=list)  # per-card engine ledger
+    cards: list[dict[str, Any]] = field(default_factory=list)  # harness.engine.device_ledger events
     # Engines handed between tests: restarts of dirty ones, probes, what was found
     # (harness.engine.hygiene.HygieneStats).
     hygiene: dict[str, Any] = field(default_factory=dict)

@@ -2,8 +2,10 @@
 
 Adding a device kind means adding one package (see docs/architecture.md, "Adding a device
 kind"); nothing else names kinds. The lookups the rest of the harness uses:
-``KINDS`` / ``kind(name)``, ``engine_kinds()``, ``all_variants()``,
-``device_kinds()``, ``target_for(cfg)`` and ``nightly_markers(devices)``.
+``KINDS`` / ``kind(name)``, ``kind_of_label(label)``, ``engine_kinds()``, ``all_variants()``,
+``device_kinds()``, ``target_for(cfg)`` and ``nightly_markers(devices)``; what the kinds
+declare, merged: ``start_timeouts()``, ``near_tie_tolerances()``; and ``load_fault_modules()``,
+which imports the kinds' fault modules inside the engine process.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ import pkgutil
 
 from harness.core.config import ConfigError, EngineConfig, add_config_rule
 from harness.core.devices import InventoryDevice, describe_device_kind
-from harness.targets.base import DeviceKind, TargetKind, TargetVariant, VllmTarget
+from harness.targets.base import (
+    DeviceKind,
+    NearTieTolerance,
+    TargetKind,
+    TargetVariant,
+    VllmTarget,
+)
 
 
 def _load() -> dict[str, type[TargetKind]]:
@@ -40,6 +48,16 @@ def kind(name: str) -> type[TargetKind]:
             f"unknown target {name!r}; known targets: {', '.join(engine_kinds())}"
             " (use --target to choose among them)"
         ) from None
+
+
+def kind_of_label(label: str) -> type[TargetKind]:
+    """The kind of an engine or trace label (``spyre-eager-cb``, ``legacy-spyre-0.4:vllm-cpu``);
+    for a label of no kind, ``TargetKind`` itself (the neutral defaults)."""
+    variant = label.rpartition(":")[2]
+    for k in sorted(KINDS.values(), key=lambda k: -len(k.name)):
+        if variant == k.name or variant.startswith(f"{k.name}-"):
+            return k
+    return TargetKind
 
 
 def engine_kinds() -> dict[str, type[VllmTarget]]:
@@ -99,6 +117,24 @@ def nightly_markers(devices: list[InventoryDevice]) -> list[str]:
         if v.platform_marker not in wanted and any(k.serves(d, v.backend, v.mode) for d in devices):
             wanted.append(v.platform_marker)
     return wanted
+
+
+def start_timeouts() -> dict[str, float]:
+    """The kinds' engine-start limits longer than the default, by backend or kind, in kind order."""
+    return {what: t for k in KINDS.values() for what, t in k.start_timeouts.items()}
+
+
+def near_tie_tolerances() -> list[NearTieTolerance]:
+    """The backends with a wider near-tie tolerance (one ``--near-tie-tol-BACKEND`` option each)."""
+    return [t for k in KINDS.values() for t in k.near_tie_tolerances]
+
+
+def load_fault_modules() -> None:
+    """Import the modules the kinds declare in ``fault_modules``: each registers its faults with
+    ``harness.in_engine.fault_registry`` (called by ``harness.in_engine.faults``)."""
+    for k in KINDS.values():
+        for name in k.fault_modules:
+            importlib.import_module(name)
 
 
 def _kind_rules(cfg: EngineConfig) -> None:

@@ -1,12 +1,16 @@
 """What a target kind declares, and what every target answers.
 
-A *kind* (one module under ``harness/targets/``) is the one place that knows a
+A *kind* (one package under ``harness/targets/``) is the one place that knows a
 device family: the device it runs on (``DeviceKind``: inventory name, whether it
 is leased, how its address is checked, how it is discovered), its variants and
 their markers, its modes and backends, its engine environment and ``vllm.LLM``
-arguments, its KV-pool geometry presets and its availability probe. The
-inventory, leases, markers, ``hil nightly``, the report categories and the
-engine pool all ask the registry (``harness.targets``) instead of naming kinds.
+arguments, its KV-pool geometry presets and its availability probe; and what a
+whole device needs: its environment per leased device, its engine-start limit, the
+check that an engine runs on the device it leased, its near-tie tolerance, its
+stack report for ``hil devices``, its dummy-padding declaration and its faults. Every
+hook has a neutral default here. The inventory, leases, markers, ``hil nightly``,
+``hil devices``, the report categories, the session and the engine pool all ask the
+registry (``harness.targets``) instead of naming kinds.
 
 The reference and the engine targets answer the same verb with the same input
 and return the same ``Trace`` (``Runner``), as vLLM's ``HfRunner`` and
@@ -15,13 +19,16 @@ and return the same ``Trace`` (``Runner``), as vLLM's ``HfRunner`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from harness.checks.dummy_padding import dummy_padding_verdict
+from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig, WarmupShape
 from harness.core.devices import DeviceScan, InventoryDevice
+from harness.core.verdict import Verdict
 
 if TYPE_CHECKING:
     from harness.core.trace import Trace
@@ -77,6 +84,19 @@ class DeviceKind:
 
 CPU_DEVICE = DeviceKind(name="cpu", label="CPU", leased=False)
 
+# What a device computes in where its kind says nothing else (vLLM loads our fp32 checkpoints).
+MODEL_DTYPE = "the model's dtype (fp32)"
+
+
+@dataclass(frozen=True)
+class NearTieTolerance:
+    """A backend that computes in a lower precision than the fp32 reference, and the wider
+    near-tie tolerance it gets (the option ``--near-tie-tol-BACKEND``)."""
+
+    backend: str
+    default: float
+    why: str  # in the option's help: "the card computes fp16 against the fp32 reference"
+
 
 # -- KV pool geometry --------------------------------------------------------------------
 
@@ -129,6 +149,7 @@ class TargetVariant:
     markers: tuple[str, ...]
     device: str | None = None  # inventory id of the leased device, once leased
     device_env: tuple[tuple[str, str], ...] = ()
+    chunked: bool = False  # prefills in chunks of the prompt set's cp_chunk tokens
 
     @property
     def platform_marker(self) -> str:
@@ -155,7 +176,7 @@ class TargetVariant:
             mode=self.mode,
             backend=self.backend,
             warmup=warmup,
-            max_num_batched_tokens=limits.cp_chunk if self.mode == "cp" else None,
+            max_num_batched_tokens=limits.cp_chunk if self.chunked else None,
             device=self.device,
             extra_env=self.device_env,
         )
@@ -182,6 +203,13 @@ class TargetKind:
     # What a fork-server parent imports once vLLM resolved this kind's platform: the module
     # prefix of the platform's class -> the worker and runner modules an engine start pulls in.
     plugin_preload: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Modules that register this kind's faults (harness.in_engine.fault_registry); imported
+    # inside the engine process by harness.in_engine.faults, through the registry.
+    fault_modules: ClassVar[tuple[str, ...]] = ()
+    # Engine-start limits (seconds) longer than the harness's default, keyed by what they apply
+    # to: a backend of this kind, or the kind's name for all its engines.
+    start_timeouts: ClassVar[dict[str, float]] = {}
+    near_tie_tolerances: ClassVar[tuple[NearTieTolerance, ...]] = ()
 
     @classmethod
     def geometry(cls, name: str = "default") -> PoolGeometry:
@@ -244,6 +272,52 @@ class TargetKind:
                 f" {', '.join(cls.backends)}" + (f" ({cls.backend_help})" if cls.backend_help else "")
             )
 
+    @classmethod
+    def near_tie_policy(cls, base: NearTiePolicy, label: str,
+                        tols: Mapping[str, float]) -> NearTiePolicy:
+        """The near-tie policy for a trace of this kind labelled ``label`` (``spyre-sendnn-cb``):
+        ``base`` with the dtypes compared, stated in every diff, and where the backend computes
+        in a lower precision its wider tolerance (``tols``: the ``--near-tie-tol-BACKEND``
+        values given; a backend missing there gets its ``near_tie_tolerances`` default)."""
+        return replace(base, dtypes=f"reference fp32 (transformers on the CPU) vs device {MODEL_DTYPE}")
+
+    @classmethod
+    def device_env(cls, device: InventoryDevice, cache_dir: Path) -> dict[str, str]:
+        """What an engine on the leased ``device`` needs in its environment, before the
+        inventory's own ``env`` for it is laid on top (none by default)."""
+        return {}
+
+    @classmethod
+    def host_lines(cls) -> list[str]:
+        """``hil devices`` after discovery: what this kind's engines need besides the device
+        (its SDK, its stack), one line each."""
+        return []
+
+    @classmethod
+    def stack_lines(cls, inv: Any) -> tuple[list[str], bool]:
+        """``hil devices``: the report on the stack that drives this kind's devices of the
+        inventory ``inv``, and whether it can (False fails a lab's pre-flight)."""
+        return [], True
+
+    @classmethod
+    def pads_decode_batch(cls, stack: str, variant: str) -> bool:
+        """Whether ``variant`` on ``stack`` pads a lone decoding request with a dummy request that
+        holds KV blocks: declared, not read from the run, so a ledger adapter that stops seeing
+        the dummy fails the dummy-padding test instead of turning it into a skip."""
+        return False
+
+    @classmethod
+    def padding_declaration(cls) -> str:
+        """The file that declares ``pads_decode_batch`` (named in the verdict's messages)."""
+        return cls.__module__.replace(".", "/") + ".py"
+
+    @classmethod
+    def dummy_padding_verdict(cls, trace: Trace, stack: str, variant: str) -> Verdict | None:
+        """The dummy-padding verdict of a run where one request decodes alone before a second
+        joins; None where the stack declares no padding and none was seen (nothing to check)."""
+        return dummy_padding_verdict(trace, cls.pads_decode_batch(stack, variant), stack, variant,
+                                     cls.padding_declaration())
+
 
 class VllmTarget(TargetKind):
     """A kind served through vLLM; subclasses add their env, arguments and limits."""
@@ -259,6 +333,27 @@ class VllmTarget(TargetKind):
     @classmethod
     def model_probe(cls, model_dir: Any) -> str | None:
         """None when this target serves the model's family, else why not (a skip)."""
+        return None
+
+    @classmethod
+    def device_stack_problem(cls, variant: Any, stack: str) -> str | None:
+        """Why ``stack`` cannot drive a leased device of ``variant`` (checked before the lease: a
+        stack problem, never a broken device), or None."""
+        return None
+
+    def holds_device(self) -> bool:
+        """Whether this engine holds its leased device whole (one engine per device at a time,
+        recorded in the pool's device ledger): by default any engine on a leased device."""
+        return bool(self.cfg.device) and self.device.leased
+
+    def start_timeout(self) -> float | None:
+        """Seconds this engine may take to start (``start_timeouts``); None: the harness's default."""
+        by = self.start_timeouts
+        return by.get(str(self.cfg.backend), by.get(self.name))
+
+    def verify_device(self, info: dict[str, Any], log_text: str) -> str | None:
+        """After start, before anything else is checked: why the engine does not run on the
+        device it leased as this kind asked (from ``info`` and this start's engine log), or None."""
         return None
 
     def check_started(self, info: dict[str, Any]) -> str | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.paths import REPO_ROOT
-from harness.targets.spyre.card import ledger_problems
+from harness.engine.device_ledger import ledger_problems
 
 ROOT = REPO_ROOT
 RUN_SH = ROOT / "tools" / "card-host" / "run.sh"

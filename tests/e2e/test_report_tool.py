@@ -6,6 +6,9 @@ results folder, ``--clean-alluredir``) makes token equality fail in a step-drive
 scenario: a token mismatch with a token diff and a KV ledger plot. The second report
 must show both runs in its trend; the browser must show the suites, the failing
 test's category and its attachments. Screenshots go to reports/screenshots/.
+
+The report tool also makes a report from a results folder with bad files and from an
+empty one, naming the problems.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pytest
 
 from harness.report import generate
 from harness.report.results import labels_of, load_results
+from tests.allure_results import results_folder
 from tests.suite_runner import ROOT, run_suite
 
 pytestmark = pytest.mark.e2e  # runs suites in a child pytest, the report tool and a browser
@@ -236,3 +240,19 @@ def test_two_faulty_runs_make_a_report_a_browser_shows(tmp_path, served):
         browser.quit()
     for name in ("overview.png", "failure.png"):
         assert (SCREENSHOTS / name).stat().st_size > 10_000, name
+
+
+def test_report_from_bad_and_empty_folders_is_still_produced(tmp_path):
+    _tool_or_skip()
+    out = generate.generate_report(results_folder(tmp_path), tmp_path / "report")
+    assert out.generated, out.error
+    cases = list((tmp_path / "report" / "data" / "test-cases").glob("*.json"))
+    assert len(cases) == 1
+    assert any("truncated?" in p for p in out.problems)
+    cats = json.loads((tmp_path / "report" / "data" / "categories.json").read_text())
+    assert [c["name"] for c in cats["children"]] == ["token mismatch"]
+    (tmp_path / "empty").mkdir()
+    out = generate.generate_report(tmp_path / "empty", tmp_path / "report")
+    assert out.generated and out.tests == 0 and out.trend_runs == 2
+    assert any("no test results" in p for p in out.problems)
+    shutil.rmtree(tmp_path / "report")

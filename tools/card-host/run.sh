@@ -21,8 +21,15 @@ PY=$IMAGE/bin/python
 mkdir -p "$WORK"
 t0=$(date +%s)
 
+# The checkout's files under the given paths as the work tree has them (tracked and new; a
+# tracked file deleted or moved but not yet committed is left out).
+tree_files() {
+  (cd "$REPO" && git ls-files -co --exclude-standard -- "$@" \
+     | while IFS= read -r f; do [ -e "$f" ] && printf '%s\n' "$f"; done)
+}
+
 # 1+2. The card image, rebuilt when the harness's or the emulation's files change.
-stamp=$(cd "$REPO" && git ls-files -co --exclude-standard -- harness fixtures emulation pyproject.toml \
+stamp=$(cd "$REPO" && tree_files harness fixtures emulation pyproject.toml \
         | sort | xargs sha256sum | sha256sum | cut -c1-16)
 if [ "$(cat "$IMAGE/.card-image-stamp" 2>/dev/null)" != "$stamp" ]; then
   echo "card-host: building the card image in $IMAGE" >&2
@@ -34,7 +41,7 @@ if [ "$(cat "$IMAGE/.card-image-stamp" 2>/dev/null)" != "$stamp" ]; then
   echo "$base_site" > "$site/card-image-base.pth"   # the image's preinstalled stack
   "$PY" -c 'import vllm, vllm_spyre, torch, pip' # the stack is there before the harness
   mkdir -p "$WORK/src"
-  (cd "$REPO" && git ls-files -co --exclude-standard -- harness fixtures emulation pyproject.toml README.md \
+  (cd "$REPO" && tree_files harness fixtures emulation pyproject.toml README.md \
      | tar -cf - -T -) | tar -C "$WORK/src" -xf -
   pipi() { "$PY" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation --no-index "$@"; }
   pipi "$WORK/src/emulation/torch_sendnn"   # the vendor runtime, emulated

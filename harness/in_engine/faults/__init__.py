@@ -7,25 +7,25 @@ variant's engines); NAME is a key of ``FAULTS``, or a
 vLLM builds the engine, so it can patch vLLM or a plugin at class level.
 Faults print a ``[hil] fault`` line to the engine log when they fire.
 
-Each fault is registered where it is defined (``@fault("NAME")``, ``registry``), in a
-module per subsystem it patches: ``block_pool`` (vLLM's block pool and KV cache managers),
-``scheduler`` (preemptions and their counters), ``logits`` (what the sampler sees) and
-``engine`` (the engine process, its KV block count); a target kind's own faults live in
-its package, ``harness/targets/<kind>/faults.py``, loaded here. None imports vLLM or a
-plugin before a fault is installed.
+Each fault is registered where it is defined (``@fault("NAME")``,
+``harness.in_engine.fault_registry``), in a module per subsystem it patches: ``block_pool``
+(vLLM's block pool and KV cache managers), ``scheduler`` (preemptions and their counters),
+``logits`` (what the sampler sees) and ``engine`` (the engine process, its KV block count); a
+target kind's own faults live in its package, in the modules its ``fault_modules`` names,
+which the kind registry loads here. The registry sits beside this package, not in it, so a
+kind's fault module imports it without running this loader: no import loop. None imports
+vLLM or a plugin before a fault is installed.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
-import pkgutil
 from typing import Any
 
-import harness.targets
+from harness.in_engine.fault_registry import FAULT_STATE_ENV, FAULTS, FaultFn, arm, armed
 from harness.in_engine.faults import block_pool, engine, logits, scheduler  # noqa: F401 - they register their faults
-from harness.in_engine.faults.registry import FAULT_STATE_ENV, FAULTS, FaultFn, arm, armed
+from harness.targets import load_fault_modules
 
 __all__ = [
     "ALLOW_EXTERNAL_ENV", "FAULTS", "FAULT_STATE_ENV", "FaultFn", "apply_faults", "arm", "armed",
@@ -36,12 +36,9 @@ ALLOW_EXTERNAL_ENV = "HIL_ALLOW_EXTERNAL_FAULTS"
 
 
 def _load_kind_faults() -> None:
-    """Import every target kind's ``faults`` module (which registers its faults), then put
-    ``FAULTS`` in name order, whichever module registered them."""
-    for info in pkgutil.iter_modules(harness.targets.__path__):
-        name = f"{harness.targets.__name__}.{info.name}.faults"
-        if info.ispkg and importlib.util.find_spec(name) is not None:
-            importlib.import_module(name)
+    """Have the registry import the fault modules the kinds declare (which register their
+    faults), then put ``FAULTS`` in name order, whichever module registered them."""
+    load_fault_modules()
     ordered = sorted(FAULTS.items())
     FAULTS.clear()
     FAULTS.update(ordered)

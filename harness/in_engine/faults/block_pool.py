@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.in_engine.faults.registry import LEDGER_POOL, Once, armed, fault, run_target_hook
+from harness.in_engine.fault_registry import LEDGER_POOL, Once, armed, fault, run_target_hook
 
 
 @fault("forget-free")

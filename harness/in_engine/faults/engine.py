@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any
 
-from harness.in_engine.faults.registry import armed, fault
+from harness.in_engine.fault_registry import armed, fault
 
 
 @fault("crash-engine")

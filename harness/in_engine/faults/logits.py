@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.in_engine.faults.registry import Once, armed, fault
+from harness.in_engine.fault_registry import Once, armed, fault
 
 
 def _patch_logits(perturb: Callable[[Any], Any]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.in_engine.faults.registry import RUNNER_PREEMPTION, Once, fault, run_target_hook
+from harness.in_engine.fault_registry import RUNNER_PREEMPTION, Once, fault, run_target_hook
 
 
 @fault("silent-preemption")
@@ -49,8 +49,8 @@ def preempt_running_once(config: dict[str, Any], after: str = "2") -> None:
     path (frees the request, counts it, lists it as preempted) and resumes it later, asking
     the executor to run its prompt and output again. A negative control for targets whose
     pool never runs out by itself (vllm-spyre's stand-in block is max_model_len long).
-    A runner without a preemption path gets one from its kind's target hook (vllm-spyre's:
-    harness.targets.spyre.resume drops the preempted request and prefills it again).
+    A runner without a preemption path gets one from its kind's target hook
+    (``RUNNER_PREEMPTION``; vllm-spyre's drops the preempted request and prefills it again).
     """
     from vllm.v1.core.kv_cache_manager import KVCacheManager  # defers a heavy import
     from vllm.v1.request import RequestStatus  # defers a heavy import

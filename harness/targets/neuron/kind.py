@@ -12,6 +12,7 @@ from typing import Any
 from harness.core.config import ConfigError
 from harness.core.devices import DeviceScan, InventoryDevice
 from harness.core.paths import REPO_ROOT
+from harness.stacks.spec import load_stack, stack_status
 from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
 from harness.targets.neuron.config import (
     CORES_ENV,
@@ -24,6 +25,7 @@ from harness.targets.neuron.config import (
     settings_from_env,
 )
 from harness.targets.neuron.discovery import discover_neuron, host_properties, neuron_core_range
+from harness.targets.neuron.sdk import describe
 
 ROOT = REPO_ROOT
 # The stack whose venv has vllm-neuron on the host's Neuron SDK (stacks/neuron.toml).
@@ -63,6 +65,8 @@ class NeuronTarget(VllmTarget):
     markers = {"neuron": "needs an AWS Neuron device (vllm-neuron)"}
     # One block per sequence; the platform adds the null block itself.
     geometries = {"default": PoolGeometry(None)}
+    # A Neuron start compiles the model for its cores before it serves.
+    start_timeouts = {"neuron": 1800.0}
 
     @classmethod
     def engine_info(cls) -> dict[str, Any]:
@@ -95,6 +99,13 @@ class NeuronTarget(VllmTarget):
             f" the host's Neuron SDK), not on stack {stack!r}: on a Neuron host run"
             f" ./setup.sh --stack {NEURON_STACK}, then hil run --stacks {NEURON_STACK} -m neuron"
         )
+
+    @classmethod
+    def host_lines(cls) -> list[str]:
+        # What a neuron run needs besides the device: the SDK's python and the neuron stack.
+        return [f"neuron software: {describe()}",
+                f"neuron stack: {stack_status(load_stack(NEURON_STACK))}"
+                f" (./setup.sh --stack {NEURON_STACK})"]
 
     @classmethod
     def model_probe(cls, model_dir: str | Path) -> str | None:

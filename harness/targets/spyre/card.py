@@ -1,26 +1,27 @@
-"""Cards: the per-card environment, one engine per card at a time, and the check that an engine
-really ran on the card it leased.
+"""Spyre cards: the per-card environment, the check that an engine really ran on the card it
+leased, the card's start limit and near-tie tolerance (``SpyreTarget``'s whole-device hooks).
 
-A card engine is a Spyre engine on the sendnn backend (or a Neuron engine) bound to a leased
-device. vllm-spyre and the Spyre runtime read the card to use, the compute mode and the compile
-cache from the environment; ``card_env`` sets them per leased card (the inventory's ``env`` for the
-device wins, so the lab decides where it must). After start, ``verify_card_engine`` compares what
-the engine reports (platform, dynamo backend, FLEX_COMPUTE, torch_sendnn) and the runtime's
-``Opened: SEN:VFIO:<address>`` log line with the leased card.
+A card engine is a Spyre engine on the sendnn backend bound to a leased device (one engine per
+card at a time: harness.engine.device_ledger). vllm-spyre and the Spyre runtime read the card to
+use, the compute mode and the compile cache from the environment; ``card_env`` sets them per
+leased card (the inventory's ``env`` for the device wins, so the lab decides where it must).
+After start, ``verify_card_engine`` compares what the engine reports (platform, dynamo backend,
+FLEX_COMPUTE, torch_sendnn) and the runtime's ``Opened: SEN:VFIO:<address>`` log line with the
+leased card.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import EngineError
+from harness.core.comparison import NearTiePolicy
+from harness.targets.base import MODEL_DTYPE
+from harness.targets.spyre.generations import GENERATIONS
 
 # Defaults, documented in the README ("On a card host"); the inventory's per-device env overrides.
 CARD_ENV_DEFAULTS = {
@@ -32,40 +33,19 @@ CARD_ENV_DEFAULTS = {
     "DTLOG_LEVEL": "INFO",
 }
 
-# Per-backend engine-start timeouts: a card start compiles every graph (upstream deployments
-# allow 1200 s); the CPU targets start in seconds.
-START_TIMEOUTS = {"sendnn": 1200.0, "neuron": 1800.0, "default": 600.0}
+# A card start compiles every graph (upstream deployments allow 1200 s); eager starts in seconds.
+SENDNN_START_TIMEOUT = 1200.0
 
 # The card computes in fp16 against an fp32 reference: near-ties are wider there.
 NEAR_TIE_TOL_SENDNN = 0.10
-# What each target computes in, as vllm-spyre / vLLM load our fp32 checkpoints.
-DEVICE_DTYPES = {"sendnn": "fp16", "eager": "fp32", "vllm-cpu": "the model's dtype (fp32)"}
+# What each backend computes in, as vllm-spyre loads our fp32 checkpoints.
+DEVICE_DTYPES = {"sendnn": "fp16", "eager": "fp32"}
 
 _OPENED = re.compile(r"Opened: (\S+)")
 _PCI = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
-class CardMismatch(EngineError):
-    """The engine came up, but not as the leased card's Spyre/sendnn engine."""
-
-
-def is_card_config(cfg: Any) -> bool:
-    """Whether an engine of ``cfg`` holds a whole device (a card cannot load two models at once)."""
-    return bool(cfg.device) and (cfg.backend == "sendnn" or cfg.target == "neuron")
-
-
-def start_timeout(cfg: Any, option: float | None) -> float:
-    """The engine-start limit: ``--engine-start-timeout`` when given, else the backend's default."""
-    if option:
-        return float(option)
-    if cfg.backend == "sendnn":
-        return START_TIMEOUTS["sendnn"]
-    if cfg.target == "neuron":
-        return START_TIMEOUTS["neuron"]
-    return START_TIMEOUTS["default"]
-
-
-def near_tie_policy(base: Any, target_label: str, sendnn_tol: float) -> Any:
+def near_tie_policy(base: NearTiePolicy, target_label: str, sendnn_tol: float) -> NearTiePolicy:
     """The near-tie policy for a trace of ``target_label`` (e.g. ``spyre-sendnn-cb``): the card's
     wider tolerance on sendnn, and the dtypes compared, stated in every diff."""
     if "-sendnn" in target_label:
@@ -73,8 +53,9 @@ def near_tie_policy(base: Any, target_label: str, sendnn_tol: float) -> Any:
     elif "-eager" in target_label:
         backend, tol = "eager", base.prob_tol
     else:
-        backend, tol = "vllm-cpu", base.prob_tol
-    dtypes = f"reference fp32 (transformers on the CPU) vs device {DEVICE_DTYPES[backend]}"
+        backend, tol = "", base.prob_tol
+    dtype = DEVICE_DTYPES.get(backend, MODEL_DTYPE)
+    dtypes = f"reference fp32 (transformers on the CPU) vs device {dtype}"
     return replace(base, prob_tol=tol, dtypes=dtypes)
 
 
@@ -100,12 +81,13 @@ def engine_card_info() -> dict[str, Any]:
                 ("FLEX_COMPUTE", "FLEX_DEVICE", "AIU_WORLD_SIZE", "AIU_WORLD_RANK_0",
                  "TORCH_SENDNN_CACHE_DIR")},
     }
-    try:
-        # deferred: a heavy import, paid only where this runs
-        import vllm_spyre.envs as envs_spyre
-
-        info["dynamo_backend"] = envs_spyre.VLLM_SPYRE_DYNAMO_BACKEND
-    except ImportError:
+    for gen in GENERATIONS:  # the plugin's own reading of its backend variable
+        if importlib.util.find_spec(gen.module) is None:
+            continue
+        envs = importlib.import_module(f"{gen.module}.envs")  # deferred: heavy, engine side
+        info["dynamo_backend"] = getattr(envs, gen.var("DYNAMO_BACKEND"))
+        break
+    else:
         return info
     if importlib.util.find_spec("torch_sendnn") is not None:
         # deferred: a heavy import, paid only where this runs
@@ -155,103 +137,6 @@ def verify_card_engine(cfg: Any, info: dict[str, Any], log_text: str) -> str | N
         lines.append("  the runtime logs the card it opens at DTLOG_LEVEL=INFO; check that the"
                      " inventory env does not lower it")
     return "\n".join(lines)
-
-
-def log_since(path: Path, offset: int) -> str:
-    """The engine log from ``offset`` on (this start's part of a log shared by restarts)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-@dataclass
-class CardLedger:
-    """Engine starts and stops per card, with times: the run's record that a card held at most
-    one live engine at any moment and started each configuration once."""
-
-    events: list[dict[str, Any]] = field(default_factory=list)
-    _live: dict[str, str] = field(default_factory=dict)  # engine key -> device
-
-    def started(self, cfg: Any, ok: bool = True) -> None:
-        self.events.append({"event": "start" if ok else "refused", "device": cfg.device,
-                            "config": cfg.label, "key": cfg.key, "time": time.time()})
-        if ok:
-            self._live[cfg.key] = cfg.device
-
-    def closed(self, key: str) -> None:
-        device = self._live.pop(key, None)
-        if device is not None:
-            self.events.append({"event": "close", "device": device, "key": key, "time": time.time()})
-
-    def mark_replacement(self, key: str) -> None:
-        """The last start of ``key`` replaced a dirty engine of it (not a second configuration
-        start: harness.engine.hygiene)."""
-        for e in reversed(self.events):
-            if e["key"] == key and e["event"] == "start":
-                e["replacement"] = True
-                return
-
-    def live_on(self, device: str) -> list[str]:
-        return [k for k, d in self._live.items() if d == device]
-
-    def to_list(self) -> list[dict[str, Any]]:
-        return list(self.events)
-
-
-def ledger_problems(events: list[dict[str, Any]]) -> list[str]:
-    """What breaks one-engine-per-card in a ledger's events (merged from every worker): two live
-    engines on one card at a moment, or a configuration started twice on one card."""
-    problems: list[str] = []
-    live: dict[str, set[str]] = {}
-    starts: dict[tuple[str, str], int] = {}
-    for e in sorted(events, key=lambda e: e["time"]):
-        dev = e["device"]
-        if e["event"] in ("start", "refused") and not e.get("replacement"):
-            starts[(dev, e["key"])] = starts.get((dev, e["key"]), 0) + 1
-        if e["event"] == "start":
-            held = live.setdefault(dev, set())
-            if held:
-                problems.append(f"{dev}: {e['config']} started while {sorted(held)} still live")
-            held.add(e["key"])
-        elif e["event"] == "close":
-            live.get(dev, set()).discard(e["key"])
-    problems += [f"{dev}: configuration {key} started {n} times" for (dev, key), n in starts.items()
-                 if n > 1]
-    return problems
-
-
-def summary_lines(events: list[dict[str, Any]]) -> list[str]:
-    """Per card, the configurations it ran and their start times (for the run summary)."""
-    lines = []
-    for dev in sorted({e["device"] for e in events}):
-        starts = [e for e in events if e["device"] == dev and e["event"] in ("start", "refused")]
-        runs = ", ".join(
-            f"{e['config']} [{e['key'].rsplit(':', 1)[-1]}] at"
-            f" {time.strftime('%H:%M:%S', time.localtime(e['time']))}"
-            + (" (refused)" if e["event"] == "refused" else "")
-            + (" (replacing a dirty engine)" if e.get("replacement") else "")
-            for e in sorted(starts, key=lambda e: e["time"]))
-        lines.append(f"card {dev}: {len(starts)} configuration(s): {runs}")
-    problems = ledger_problems(events)
-    lines += [f"ONE-ENGINE-PER-CARD VIOLATION: {p}" for p in problems]
-    return lines
-
-
-def append_card_summary(stats_dir: Path, summary: Path) -> str:
-    """Add a "Cards" section (per card, its configurations and start times) to the run's
-    summary.md from the workers' statistics; returns the section ('' when no card ran)."""
-    events: list[dict[str, Any]] = []
-    for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
-        events += json.loads(f.read_text()).get("cards", [])
-    if not events:
-        return ""
-    section = "\n".join(["## Cards", "", *[f"- {line}" for line in summary_lines(events)], ""])
-    with open(summary, "a", encoding="utf-8") as f:
-        f.write("\n" + section)
-    return section
 
 
 def torch_sendnn_status() -> tuple[str | None, str | None]:

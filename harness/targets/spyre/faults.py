@@ -4,9 +4,9 @@ They patch its continuous-batching model runner (``vllm_spyre.v1.worker.spyre_mo
 the runner's own block pool and reservations (1.x), the padding dummy and free deque of the
 legacy runners (0.3-0.4), warmup, and the card the runtime opens. The target hooks tell the
 generic block-pool faults which pool is the ledger pool, and give the runner a path for the
-preemptions of ``preempt-running-once``. Imported by ``harness.in_engine.faults`` (which
-registers them), inside the engine process; vllm-spyre is imported only when a fault is
-installed.
+preemptions of ``preempt-running-once``. Declared in ``SpyreTarget.fault_modules``: the kind
+registry imports it for ``harness.in_engine.faults``, and it registers its faults with
+``harness.in_engine.fault_registry``; vllm-spyre is imported only when a fault is installed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.in_engine import probes
-from harness.in_engine.faults.registry import (
+from harness.in_engine.fault_registry import (
     LEDGER_POOL,
     RUNNER_PREEMPTION,
     Once,

@@ -10,17 +10,43 @@ from __future__ import annotations
 import importlib.util
 import math
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.devices import DeviceScan, InventoryDevice, device_root
-from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
-from harness.targets.spyre.card import engine_card_info, torch_sendnn_status
+from harness.targets.base import (
+    DeviceKind,
+    NearTieTolerance,
+    PoolGeometry,
+    TargetVariant,
+    VllmTarget,
+)
+from harness.targets.spyre import padding
+from harness.targets.spyre.card import (
+    NEAR_TIE_TOL_SENDNN,
+    SENDNN_START_TIMEOUT,
+    card_env,
+    engine_card_info,
+    near_tie_policy,
+    torch_sendnn_status,
+    verify_card_engine,
+)
+from harness.targets.spyre.card_report import card_stack_lines, card_stack_problem
 from harness.targets.spyre.discovery import discover_spyre, host_properties
+from harness.targets.spyre.generations import (
+    GENERATIONS,
+    VLLM_SPYRE,
+    PluginGeneration,
+    for_stack,
+    platform_problem,
+)
 
 BLOCK_SIZE = 64  # vllm-spyre's fixed KV block size (platform._block_size)
-MODES = ("sb", "cb", "cp")
+MODES = ("sb", "cb", "cp", "pc")  # each generation has some of them (generations.py)
+CHUNKED_MODES = ("cp", "pc")
 BACKENDS = ("sendnn", "eager")  # the inventory's default first: a card
 
 
@@ -58,11 +84,13 @@ class SpyreTarget(VllmTarget):
     order = 20
     device = SPYRE_DEVICE
     modes = MODES
-    mode_help = "sb = static batching, cb = continuous batching, cp = chunked prefill"
+    mode_help = ("sb = static batching, cb = continuous batching, cp = chunked prefill,"
+                 " pc = chunked prefill with prefix caching (sendnn-inference 2.x)")
     backends = ("eager", "sendnn")
     backend_help = "eager runs on the CPU, sendnn on a card"
     variants = tuple(
-        TargetVariant(f"spyre-{backend}-{mode}", "spyre", backend, mode, (marker, mode))
+        TargetVariant(f"spyre-{backend}-{mode}", "spyre", backend, mode, (marker, mode),
+                      chunked=mode in CHUNKED_MODES)
         for backend, marker in (("eager", "cpu"), ("sendnn", "spyre"))
         for mode in MODES
     )
@@ -72,13 +100,17 @@ class SpyreTarget(VllmTarget):
         "sb": "vllm-spyre static batching",
         "cb": "vllm-spyre continuous batching",
         "cp": "vllm-spyre continuous batching with chunked prefill",
+        "pc": "sendnn-inference chunked prefill with prefix caching on",
     }
-    plugin_preload = {
-        "vllm_spyre": ("vllm_spyre.v1.worker.spyre_worker", "vllm_spyre.v1.worker.spyre_model_runner",
-                       "vllm_spyre.model_executor.model_loader.spyre", "vllm_spyre.v1.core.scheduler"),
-    }
+    plugin_preload = {gen.module: gen.preload for gen in GENERATIONS}
+    fault_modules = ("harness.targets.spyre.faults",)
     # The platform fixes 64-token blocks and keeps block 0 as the pad block.
     geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
+    start_timeouts = {"sendnn": SENDNN_START_TIMEOUT}
+    near_tie_tolerances = (
+        NearTieTolerance("sendnn", NEAR_TIE_TOL_SENDNN,
+                         "the card computes fp16 against the fp32 reference"),
+    )
 
     @classmethod
     def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:
@@ -96,17 +128,24 @@ class SpyreTarget(VllmTarget):
             info["card"] = engine_card_info()
         except Exception as e:  # the card check then fails saying what is missing
             info["card"] = {"error": repr(e)}
-        if importlib.util.find_spec("vllm_spyre") is not None:
-            # deferred: a heavy import, paid only inside an engine process
-            import vllm_spyre
-
-            info["vllm_spyre_version"] = getattr(vllm_spyre, "__version__", "?")
+        for gen in GENERATIONS:
+            if importlib.util.find_spec(gen.module) is not None:
+                # deferred: a heavy import, paid only inside an engine process
+                module = importlib.import_module(gen.module)
+                info["plugin_generation"] = gen.name
+                info["plugin_version"] = getattr(module, "__version__", "?")
+                break
         return info
+
+    def generation(self) -> PluginGeneration:
+        """The plugin generation this engine's stack carries (vllm-spyre 1.x where unknown)."""
+        return for_stack(self.cfg.stack) or VLLM_SPYRE
 
     @classmethod
     def availability_probe(cls, variant: Any) -> str | None:
-        if importlib.util.find_spec("vllm_spyre") is None:
-            return "vllm-spyre is not installed in this environment; run ./setup.sh"
+        if not any(importlib.util.find_spec(gen.module) for gen in GENERATIONS):
+            return ("no Spyre plugin (sendnn-inference or vllm-spyre) is installed in this"
+                    " environment; run ./setup.sh")
         if variant.backend != "sendnn":
             return None
         scan = discover_spyre(device_root())
@@ -116,6 +155,40 @@ class SpyreTarget(VllmTarget):
         if problem:
             return f"{len(scan.usable)} Spyre card(s) found, but {problem}"
         return None
+
+    @classmethod
+    def near_tie_policy(cls, base: NearTiePolicy, label: str,
+                        tols: Mapping[str, float]) -> NearTiePolicy:
+        return near_tie_policy(base, label, tols.get("sendnn", NEAR_TIE_TOL_SENDNN))
+
+    @classmethod
+    def device_env(cls, device: InventoryDevice, cache_dir: Path) -> dict[str, str]:
+        return card_env(device, cache_dir)
+
+    @classmethod
+    def stack_lines(cls, inv: Any) -> tuple[list[str], bool]:
+        return card_stack_lines(inv)
+
+    @classmethod
+    def device_stack_problem(cls, variant: Any, stack: str) -> str | None:
+        return card_stack_problem(variant, stack)
+
+    @classmethod
+    def pads_decode_batch(cls, stack: str, variant: str) -> bool:
+        return padding.pads_decode_batch(stack, variant)
+
+    @classmethod
+    def padding_declaration(cls) -> str:
+        return padding.DECLARED_IN
+
+    def holds_device(self) -> bool:
+        # A card engine holds the card; an eager engine on a listed stand-in runs on the CPU.
+        return super().holds_device() and self.cfg.backend == "sendnn"
+
+    def verify_device(self, info: dict[str, Any], log_text: str) -> str | None:
+        # First the plugin: vLLM falls back to its own platform when VLLM_PLUGINS names none.
+        return (platform_problem(self.generation(), info, self.cfg.label)
+                or verify_card_engine(self.cfg, info, log_text))
 
     @classmethod
     def serves(cls, device: InventoryDevice, backend: str | None, mode: str | None) -> bool:
@@ -138,7 +211,13 @@ class SpyreTarget(VllmTarget):
                 f"spyre {cfg.mode} max_model_len {cfg.max_model_len} is not a multiple of the"
                 f" {BLOCK_SIZE}-token KV block"
             )
-        if cfg.mode == "cp":
+        gen = for_stack(cfg.stack)
+        if gen is not None and cfg.mode not in gen.modes:
+            raise ConfigError(
+                f"{gen.name} (stack {cfg.stack}) has no mode {cfg.mode!r}; its modes:"
+                f" {', '.join(gen.modes)}"
+            )
+        if cfg.mode in CHUNKED_MODES:
             chunk = cfg.max_num_batched_tokens
             if chunk is None or chunk % BLOCK_SIZE:
                 raise ConfigError(
@@ -148,30 +227,31 @@ class SpyreTarget(VllmTarget):
 
     def engine_env(self) -> dict[str, str]:
         cfg = self.cfg
+        gen = self.generation()
         env = super().engine_env()
-        env.update(
-            VLLM_PLUGINS="spyre",
-            VLLM_SPYRE_DYNAMO_BACKEND=str(cfg.backend),
-            VLLM_SPYRE_USE_CB="0" if cfg.mode == "sb" else "1",
-            VLLM_SPYRE_USE_CHUNKED_PREFILL="1" if cfg.mode == "cp" else "0",
+        env.update({
+            "VLLM_PLUGINS": gen.plugin,
+            gen.var("DYNAMO_BACKEND"): str(cfg.backend),
+            **gen.mode_env(str(cfg.mode)),
             # The worker initialises torch.distributed with init_method="env://".
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(free_port()),
-        )
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        })
         if cfg.backend == "eager":
             # The default compiles sampler helpers with gcc: ~10 s for nothing on CPU.
-            env["VLLM_SPYRE_SIMPLE_COMPILE_BACKEND"] = "eager"
+            env[gen.var("SIMPLE_COMPILE_BACKEND")] = "eager"
         if cfg.mode == "sb":
             assert cfg.warmup is not None
-            env.update(
-                VLLM_SPYRE_WARMUP_PROMPT_LENS=str(cfg.warmup.prompt_len),
-                VLLM_SPYRE_WARMUP_NEW_TOKENS=str(cfg.warmup.new_tokens),
-                VLLM_SPYRE_WARMUP_BATCH_SIZES=str(cfg.warmup.batch_size),
-            )
+            env.update({
+                gen.var("WARMUP_PROMPT_LENS"): str(cfg.warmup.prompt_len),
+                gen.var("WARMUP_NEW_TOKENS"): str(cfg.warmup.new_tokens),
+                gen.var("WARMUP_BATCH_SIZES"): str(cfg.warmup.batch_size),
+            })
         return env
 
     def llm_kwargs(self) -> dict[str, Any]:
         kw = super().llm_kwargs()
+        kw.update(self.generation().mode_kwargs(str(self.cfg.mode)))
         if self.cfg.mode == "sb":
             # vllm-spyre derives both limits from the warmup shape.
             w = self.cfg.warmup

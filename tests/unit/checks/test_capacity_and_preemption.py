@@ -174,8 +174,10 @@ def test_dummy_blocks_must_be_back_when_a_second_request_joins():
 
 
 def test_a_stack_that_declares_dummy_padding_fails_without_a_dummy():
-    from harness.targets.spyre.padding import dummy_padding_verdict, pads_decode_batch
+    from harness.targets import kind
 
+    spyre = kind("spyre")
+    pads_decode_batch, dummy_padding_verdict = spyre.pads_decode_batch, spyre.dummy_padding_verdict
     alone = step(3, ["r0"], kv=[snap({"r0": [0], "dummy": [1]}, [2, 3, 4, 5, 6, 7], ["dummy"])])
     joined = step(4, ["r0", "r1"], kv=[snap({"r0": [0], "r1": [2]}, [1, 3, 4, 5, 6, 7])])
     # The adapter lists the dummy under an id it does not know as a dummy: no dummy is seen.
@@ -190,6 +192,11 @@ def test_a_stack_that_declares_dummy_padding_fails_without_a_dummy():
     assert dummy_padding_verdict(trace([unseen, joined]), default, "spyre-eager-cb") is None
     surprise = dummy_padding_verdict(trace([alone, joined]), default, "spyre-eager-cb")
     assert not surprise.ok and "does not declare dummy padding" in surprise.why
+    assert "declare it in harness/targets/spyre/padding.py" in surprise.why
+    # A kind that declares no padding: a dummy on it fails, naming where a kind declares it.
+    cpu = kind("vllm-cpu").dummy_padding_verdict(trace([alone, joined]), default, "vllm-cpu")
+    assert not cpu.ok and "declare it in harness/targets/vllm_cpu/kind.py" in cpu.why
+    assert kind("vllm-cpu").dummy_padding_verdict(trace([unseen, joined]), default, "vllm-cpu") is None
 
 
 @pytest.mark.parametrize("prompt_len", [1, 63, 64, 65, 200])

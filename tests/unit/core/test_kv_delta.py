@@ -24,7 +24,7 @@ from harness.core.trace import KvSnapshot, StepRecord, Trace
 from harness.in_engine import probe_delta
 from harness.in_engine.probe_delta import DeltaTracker
 from harness.in_engine.probes import snapshot_vllm_scheduler
-from tests.unit.checks.test_ledger import FakeBlock as Block
+from tests.unit.vllm_fakes import FakeBlock as Block
 
 
 class Pool:

@@ -18,14 +18,15 @@ from harness.checks.ledger import check_idle_ledgers, check_ledger
 from harness.core.errors import EngineCrashed, EngineRequestError
 from harness.core.trace import SOURCE_SPYRE_RUNNER, KvSnapshot, StepRecord, Trace
 from harness.core.verdict import INHERITED_STATE
+from harness.engine.device_ledger import DeviceLedger, ledger_problems
 from harness.engine.hygiene import (
     EngineHygiene,
     idle_problems,
     judge_snapshots,
     judge_trace,
 )
+from harness.in_engine import fault_registry as registry
 from harness.in_engine import faults
-from harness.in_engine.faults import registry
 from harness.report.categories import classify
 from harness.report.root_cause import (
     group_by_root_cause,
@@ -33,7 +34,6 @@ from harness.report.root_cause import (
     labels_for,
     root_cause_markdown,
 )
-from harness.targets.spyre.card import CardLedger, ledger_problems
 
 
 def clean() -> KvSnapshot:
@@ -318,7 +318,7 @@ def test_a_clean_run_says_so_and_counts_no_restart():
 
 
 def test_a_replacement_on_a_card_is_not_a_second_start_of_its_configuration():
-    ledger = CardLedger()
+    ledger = DeviceLedger()
     cfg = types.SimpleNamespace(device="card0", label="spyre-sendnn-cb", key="k1")
     ledger.started(cfg)
     ledger.closed("k1")

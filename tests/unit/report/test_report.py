@@ -1,14 +1,12 @@
 """The report's internals without engines: categories against the harness's real failure
 messages, the token diff page, the KV ledger CSV and plot, the run configuration, the
-results-folder edge cases, the summary, and `hil report` with and without its tool."""
+results-folder edge cases, the summary, and `hil report` without its tool."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
@@ -55,6 +53,7 @@ from harness.report.run_config import (
 from harness.report.summary import summarize, summary_markdown
 from harness.scenario.prompts import EngineLimits, RequestSpec, Scenario
 from harness.targets.variants import VARIANTS
+from tests.allure_results import allure_result, results_folder
 
 
 def exconly(exc: BaseException) -> str:
@@ -371,33 +370,6 @@ def test_write_run_config_writes_the_three_files(tmp_path):
 # ------------------------------------------------------------------ results folder
 
 
-def allure_result(name: str, status: str, message: str = "", uuid: str = "u1",
-                  check: str | None = None) -> dict:
-    labels = [{"name": "nodeid", "value": f"suites/t.py::{name}"}]
-    if check:
-        labels.append({"name": "check", "value": check})
-    return {"uuid": uuid, "name": name, "fullName": f"suites.t#{name}", "status": status,
-            "historyId": f"h-{name}", "statusDetails": {"message": message},
-            "labels": labels,
-            "parameters": [{"name": "target_variant", "value": "'vllm-cpu'"},
-                           {"name": "model", "value": "'tiny-llama'"}],
-            "attachments": [{"name": "token diff", "source": f"{uuid}-a-attachment.html",
-                             "type": "text/html"}]}
-
-
-def results_folder(tmp_path: Path) -> Path:
-    d = tmp_path / "allure-results"
-    d.mkdir(parents=True)
-    good = allure_result("test_ok", "failed", "VerdictFailed: [check token_equality] token mismatch:"
-                         " request 'r0'", check="token_equality")
-    (d / "u1-result.json").write_text(json.dumps(good))
-    (d / "u1-a-attachment.html").write_text("<html></html>")
-    (d / "u2-result.json").write_text(json.dumps(good)[:57])  # truncated mid-write
-    (d / "u3-result.json").write_text(json.dumps({"total": 3, "passed": 3}))  # foreign JSON
-    (d / "notes.txt").write_text("hello")
-    return d
-
-
 def test_results_folder_keeps_good_results_and_names_bad_files(tmp_path):
     folder = load_results(results_folder(tmp_path))
     assert [r["name"] for r in folder.tests] == ["test_ok"]
@@ -451,27 +423,3 @@ def test_missing_report_tool_still_writes_the_summary(tmp_path, monkeypatch):
     assert "| token mismatch | 1 |" in summary.read_text()
     rc = generate.report_command(results_folder(tmp_path / "b"), tmp_path / "r", summary)
     assert rc == 2
-
-
-def _tool_or_skip() -> None:
-    try:
-        generate.find_tool()
-    except generate.ReportToolMissing as e:
-        pytest.skip(f"report tool missing: {e}")
-
-
-@pytest.mark.e2e  # runs the report tool (Java)
-def test_report_from_bad_and_empty_folders_is_still_produced(tmp_path):
-    _tool_or_skip()
-    out = generate.generate_report(results_folder(tmp_path), tmp_path / "report")
-    assert out.generated, out.error
-    cases = list((tmp_path / "report" / "data" / "test-cases").glob("*.json"))
-    assert len(cases) == 1
-    assert any("truncated?" in p for p in out.problems)
-    cats = json.loads((tmp_path / "report" / "data" / "categories.json").read_text())
-    assert [c["name"] for c in cats["children"]] == ["token mismatch"]
-    (tmp_path / "empty").mkdir()
-    out = generate.generate_report(tmp_path / "empty", tmp_path / "report")
-    assert out.generated and out.tests == 0 and out.trend_runs == 2
-    assert any("no test results" in p for p in out.problems)
-    shutil.rmtree(tmp_path / "report")

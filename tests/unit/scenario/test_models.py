@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -23,14 +22,6 @@ NAMES = list(MODEL_SPECS)
 SENTENCE = "On 2024-03-17 at 07:45, rack 9 logged 412 tests (409 PASS, 3 FAIL); see ticket #88!"
 # Far enough in the past that the memo trusts these stamps.
 OLD_NS = 1_600_000_000 * 10**9
-
-
-def _file_digests(folder: Path) -> dict[str, str]:
-    return {
-        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 def _age_files(folder: Path) -> None:
@@ -118,19 +109,6 @@ def test_tokenizer_round_trip_and_special_ids(built: dict[str, Path]) -> None:
     assert tokenizer.decode(ids) == SENTENCE
     printable = "".join(chr(c) for c in range(32, 127)) + "\n\t"
     assert tokenizer.decode(tokenizer(printable)["input_ids"]) == printable
-
-
-@pytest.mark.e2e  # builds both models once more (about 35 s of CPU each)
-def test_two_builds_are_byte_identical(built: dict[str, Path], tmp_path: Path) -> None:
-    # A fresh build in this process against the cached one (maybe built by another process,
-    # with other thread settings): training must not depend on either.
-    torch.set_num_threads(2)
-    for name, first in built.items():
-        second = build_model(name, tmp_path)
-        assert second != first
-        assert second.name == first.name
-        assert _file_digests(second) == _file_digests(first)
-        assert model_content_hash(second) == model_content_hash(first)
 
 
 def test_build_leaves_torch_settings_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

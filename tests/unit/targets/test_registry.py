@@ -24,8 +24,9 @@ def test_registry_lists_each_kind_once_in_order() -> None:
     assert {n: d.leased for n, d in targets.device_kinds().items()} == {
         "cpu": False, "spyre": True, "neuron": True}
     assert list(VARIANTS) == [
-        "vllm-cpu", "spyre-eager-sb", "spyre-eager-cb", "spyre-eager-cp",
-        "spyre-sendnn-sb", "spyre-sendnn-cb", "spyre-sendnn-cp", "neuron"]
+        "vllm-cpu", "spyre-eager-sb", "spyre-eager-cb", "spyre-eager-cp", "spyre-eager-pc",
+        "spyre-sendnn-sb", "spyre-sendnn-cb", "spyre-sendnn-cp", "spyre-sendnn-pc",
+        "neuron"]
     assert VARIANTS["spyre-eager-cb"].markers == ("cpu", "cb")
     assert VARIANTS["spyre-sendnn-cp"].platform_marker == "spyre"
 

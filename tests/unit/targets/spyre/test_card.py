@@ -13,8 +13,16 @@ from harness.core.config import EngineConfig
 from harness.core.devices import InventoryDevice
 from harness.core.errors import EngineRefused, EngineStartError
 from harness.core.paths import REPO_ROOT
+from harness.engine.device_ledger import (
+    DeviceLedger,
+    append_device_summary,
+    ledger_problems,
+    ledger_summary_lines,
+)
 from harness.engine.order import order_tests_by_engine_config, save_record
+from harness.engine.pool import start_timeout
 from harness.session.facade import HilSession, SessionOptions
+from harness.targets import kind_of_label, target_for
 from harness.targets.spyre import card
 
 ROOT = REPO_ROOT
@@ -78,15 +86,19 @@ def test_verification_fails_with_expected_and_seen(log: str, info_change: dict, 
 def test_cpu_engines_are_not_card_engines() -> None:
     cfg = EngineConfig(target="spyre", model="/m", max_model_len=256, max_num_seqs=2, mode="cb",
                        backend="eager")
-    assert not card.is_card_config(cfg)
-    assert card.verify_card_engine(cfg, {}, "") is None
-    assert card.start_timeout(cfg, None) == 600.0
-    assert card.start_timeout(card_cfg(), None) == 1200.0
-    assert card.start_timeout(card_cfg(), 42.0) == 42.0
+    assert not target_for(cfg).holds_device() and target_for(card_cfg()).holds_device()
+    assert not target_for(cfg.with_(device="card0")).holds_device()  # an eager stand-in
+    runs_plugin = {"platform_module": "vllm_spyre.platform", "platform": "SpyrePlatform"}
+    assert target_for(cfg).verify_device(runs_plugin, "") is None  # no card check on the CPU
+    fell_back = {"platform_module": "vllm.platforms.cpu", "platform": "CpuPlatform"}
+    assert "fell back" in (target_for(cfg).verify_device(fell_back, "") or "")
+    assert start_timeout(target_for(cfg), None) == 600.0
+    assert start_timeout(target_for(card_cfg()), None) == 1200.0
+    assert start_timeout(target_for(card_cfg()), 42.0) == 42.0
 
 
 def test_ledger_finds_two_live_engines_and_restarts() -> None:
-    ledger = card.CardLedger()
+    ledger = DeviceLedger()
     a = card_cfg()
     b = a.with_(max_num_seqs=4)
     ledger.started(a)
@@ -94,24 +106,30 @@ def test_ledger_finds_two_live_engines_and_restarts() -> None:
     ledger.closed(a.key)
     ledger.closed(b.key)
     ledger.started(a)  # a second start of a: a violation
-    problems = card.ledger_problems(ledger.to_list())
+    problems = ledger_problems(ledger.to_list())
     assert any("still live" in p for p in problems)
     assert any(f"configuration {a.key} started 2 times" in p for p in problems)
-    clean = card.CardLedger()
+    clean = DeviceLedger()
     clean.started(a)
     clean.closed(a.key)
     clean.started(b)
-    assert card.ledger_problems(clean.to_list()) == []
-    assert "card card0: 2 configuration(s)" in card.summary_lines(clean.to_list())[0]
+    assert ledger_problems(clean.to_list()) == []
+    assert "card card0: 2 configuration(s)" in ledger_summary_lines(clean.to_list())[0]
 
 
 def test_near_tie_tolerance_per_backend_states_dtypes() -> None:
     base = NearTiePolicy(top_k=5, prob_tol=0.05)
-    sendnn = card.near_tie_policy(base, "spyre-sendnn-cb", 0.1)
-    assert sendnn.prob_tol == 0.1 and "reference fp32" in sendnn.describe()
+    sendnn = kind_of_label("spyre-sendnn-cb").near_tie_policy(base, "spyre-sendnn-cb", {})
+    assert sendnn.prob_tol == card.NEAR_TIE_TOL_SENDNN and "reference fp32" in sendnn.describe()
     assert "device fp16" in sendnn.describe()
-    eager = card.near_tie_policy(base, "spyre-eager-cb", 0.1)
+    wider = kind_of_label("x:spyre-sendnn-cb").near_tie_policy(base, "x:spyre-sendnn-cb",
+                                                               {"sendnn": 0.2})
+    assert wider.prob_tol == 0.2
+    eager = kind_of_label("spyre-eager-cb").near_tie_policy(base, "spyre-eager-cb", {"sendnn": 0.2})
     assert eager.prob_tol == 0.05 and "device fp32" in eager.describe()
+    for label in ("vllm-cpu", "neuron", "no-such-kind"):
+        other = kind_of_label(label).near_tie_policy(base, label, {"sendnn": 0.2})
+        assert other.prob_tol == 0.05 and "device the model's dtype (fp32)" in other.describe()
 
 
 @dataclass
@@ -241,12 +259,12 @@ def test_missing_torch_sendnn_is_a_stack_problem_not_a_broken_card(tmp_path: Pat
 def test_summary_gets_a_cards_section(tmp_path: Path) -> None:
     import json
 
-    ledger = card.CardLedger()
+    ledger = DeviceLedger()
     ledger.started(card_cfg())
     (tmp_path / "stats").mkdir()
     (tmp_path / "stats" / "gw0.json").write_text(json.dumps({"cards": ledger.to_list()}))
     (tmp_path / "summary.md").write_text("# run\n")
-    section = card.append_card_summary(tmp_path / "stats", tmp_path / "summary.md")
+    section = append_device_summary(tmp_path / "stats", tmp_path / "summary.md")
     assert "card card0: 1 configuration(s): spyre-sendnn-cb" in section
     assert "## Cards" in (tmp_path / "summary.md").read_text()
-    assert card.append_card_summary(tmp_path / "none", tmp_path / "summary.md") == ""
+    assert append_device_summary(tmp_path / "none", tmp_path / "summary.md") == ""

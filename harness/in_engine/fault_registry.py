@@ -3,7 +3,9 @@
 A fault module names each fault once, with ``@fault("NAME")``; this module also holds what
 every fault shares: the arming switch (faults stay dormant through engine start-up),
 ``Once`` (the guard of a fault that fires once) and the target hooks through which a
-kind's ``faults`` module adapts a generic fault to its runner. Nothing here imports vLLM.
+kind's fault module adapts a generic fault to its runner. Nothing here imports vLLM, nor
+the faults package (``harness.in_engine.faults``) that loads every fault module: a kind's
+fault module imports this one, and that package imports the kind's module.
 """
 
 from __future__ import annotations

@@ -1,0 +1,71 @@
+"""End to end: `hil run --stacks default,legacy-spyre-0.4` on a narrow selection writes one
+summary.md with the stack x suite x target matrix, the skips grouped by reason, and each
+stack's section with its own agreement table (the default stack's rows, the legacy stack's
+targets that cannot force listed outside the table)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from harness.stacks.spec import stack_python
+from tests.suite_runner import ROOT
+
+LEGACY = "legacy-spyre-0.4"
+
+pytestmark = [
+    pytest.mark.e2e,  # two child pytest runs, one per stack, with engines
+    pytest.mark.skipif(stack_python(LEGACY) is None,
+                       reason=f"stack {LEGACY} is not installed: run ./setup.sh --stack {LEGACY}"),
+]
+
+
+def section(text: str, heading_start: str) -> str:
+    """The text from the line starting with ``heading_start`` to the next ``## `` heading."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading_start))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+               len(lines))
+    return "\n".join(lines[start:end])
+
+
+def test_two_stacks_make_one_summary_with_every_stacks_tables(tmp_path):
+    reports = tmp_path / "reports"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "--reports-dir", str(reports),
+         "--stacks", f"default,{LEGACY}", "--model", "tiny-llama",
+         "--target", "vllm-cpu,spyre-eager-cb,spyre-sendnn-cb",
+         "-k", "single-one-token or refuses_too_few_blocks"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    text = (reports / "summary.md").read_text()
+    assert text.startswith(f"# vllm-hil run: 2 stacks (default, {LEGACY})"), text[:500]
+
+    matrix = section(text, "## Stacks, suites and targets")
+    assert "| stack | target | block_freeing | capacity | no_recompute | token_equality |" in matrix
+    assert "| default | vllm-cpu | — | — | — | 1 passed |" in matrix
+    assert "| default | spyre-eager-cb | — | 1 passed | — | 1 passed |" in matrix
+    assert ("| default | spyre-sendnn-cb | — | skipped: device missing | — |"
+            " skipped: device missing |") in matrix
+    assert (f"| {LEGACY} | spyre-eager-cb | — | skipped: stack without the feature | — |"
+            " 1 passed |") in matrix
+    assert f"| {LEGACY} | vllm-cpu | — | — | — | skipped: stack without the feature |" in matrix
+
+    skips = section(text, "## Skipped tests by reason")
+    device = skips.split("### stack without the feature")[0]
+    assert "### device missing: 2 test(s)" in device and "| 2 | default |" in device
+    assert f"suite capacity does not run on stack {LEGACY}" in skips
+    assert f"vllm-cpu does not run on stack {LEGACY}" in skips
+
+    default = section(text, "## Stack `default`")
+    for target in ("spyre-eager-cb", "vllm-cpu"):
+        assert f"| {target} | tiny-llama | " in default, default
+    assert "not forced" not in default
+    legacy = section(text, f"## Stack `{LEGACY}`")
+    forced = legacy.split("### Teacher-forced agreement")[1]
+    assert f"- not forced: teacher forcing not run on {LEGACY}:spyre-eager-cb" in forced, legacy
+    assert "| target | model |" not in forced  # no table of a header alone
+    assert (reports / "stacks" / "default" / "summary.md").is_file()
+    assert (reports / "stacks" / LEGACY / "stats").is_dir()

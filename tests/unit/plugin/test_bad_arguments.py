@@ -1,0 +1,118 @@
+"""The table of docs/bad-input.md: every bad argument or input file of a pytest run gives
+one message naming the file or option, the value seen and what to do, with a documented
+exit code, and loses nothing of an earlier run."""
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness.core.paths import REPO_ROOT
+from tests.bad_input import INV, assert_nothing_lost, earlier_run, model_folder, write
+
+ROOT = REPO_ROOT
+SUITE = "suites/test_token_equality.py"
+USAGE = 4  # pytest: arguments refused
+
+
+@dataclass
+class Row:
+    """One row of the table, run as ``pytest SUITE ARGS`` in a child process."""
+
+    id: str
+    args: list[str]
+    rc: int
+    message: list[str]
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+
+
+ROWS = [
+    Row("inventory-address-a-number", ["--inventory", "{inv.toml}"], USAGE,
+        ["inv.toml: device #1 ('card0'): address 59 is a number, expected a string",
+         'quote it (address = "...")'],
+        {"inv.toml": INV + "address = 59\n"}),
+    Row("inventory-features-a-number", ["--inventory", "{inv.toml}"], USAGE,
+        ["inv.toml: device #1 ('card0'): features 5 is a number, expected a list"],
+        {"inv.toml": INV + "features = 5\n"}),
+    Row("inventory-not-utf8", ["--inventory", "{inv.toml}"], USAGE,
+        ["inv.toml: inventory file is not UTF-8 text: byte b'\\xff' at line 1", "save the file as UTF-8"],
+        {"inv.toml": b'# caf\xff\n' + INV.encode()}),
+    Row("inventory-id-escapes-the-lease-folder", ["--inventory", "{inv.toml}"], USAGE,
+        ["id '../escaped/card0' is not allowed", "use letters, digits, '.', '_' and '-' only"],
+        {"inv.toml": INV.replace('"card0"', '"../escaped/card0"')}),
+    Row("inventory-unknown-key", ["--inventory", "{inv.toml}"], USAGE,
+        ["inv.toml: device #1 ('card0'): unknown field(s) ['colour']", "fix its spelling"],
+        {"inv.toml": INV + 'colour = "red"\n'}),
+    Row("inventory-external-fault", ["--inventory", "{inv.toml}"], USAGE,
+        ["env HIL_FAULTS: fault 'os.system' is not one of the harness's faults",
+         "pass --allow-external-faults"],
+        {"inv.toml": INV + 'env = { HIL_FAULTS = "os.system:command=touch x" }\n'}),
+    Row("inventory-missing", ["--inventory", "{nope.toml}"], USAGE,
+        ["inventory file not found:", "nope.toml"]),
+    Row("quarantine-known-a-table", ["--quarantine", "{q.toml}"], USAGE,
+        ["q.toml: known {'test': 'x'} is a table, expected a list", "[[known]] tables"],
+        {"q.toml": '[known]\ntest = "x"\n'}),
+    Row("quarantine-known-a-string", ["--quarantine", "{q.toml}"], USAGE,
+        ["q.toml: known 'oops' is a string, expected a list"],
+        {"q.toml": 'known = "oops"\n'}),
+    Row("quarantine-typo", ["--quarantine", "{q.toml}"], USAGE,
+        ["q.toml: unknown field(s) ['knwon']", "fix its spelling"],
+        {"q.toml": '[[knwon]]\ntest = "x"\nreason = "r"\nissue = "I-1"\n'}),
+    Row("quarantine-entry-lacks-fields", ["--quarantine", "{q.toml}"], USAGE,
+        ["q.toml: known #1 ('x'): missing 'reason', 'issue'; add it"],
+        {"q.toml": '[[known]]\ntest = "x"\n'}),
+    Row("quarantine-missing", ["--quarantine", "{missing.toml}"], USAGE,
+        ["--quarantine: file not found:", "missing.toml"]),
+    Row("target-comma", ["--target", ","], USAGE, ["--target: ',' names no target"]),
+    Row("target-comma-require-device", ["--target", ",", "--require-device"], USAGE,
+        ["--target: ',' names no target"]),
+    Row("target-unknown", ["--target", "tpu"], USAGE, ["--target: unknown target 'tpu'"]),
+    Row("model-missing", ["--model", "{nope}"], USAGE, ["--model: model folder not found:"]),
+    Row("model-safetensors-truncated", ["--model", "{model}"], USAGE,
+        ["--model:", "model.safetensors: the header describes", "copy or download it again"],
+        model={"truncate": 10}),
+    Row("model-config-corrupt", ["--model", "{model}"], USAGE,
+        ["--model:", "config.json: not valid JSON", "replace the file"],
+        model={"config": '{"model_type": "llama",'}),
+    Row("inject-fault-external", ["--inject-fault", "os.system:command=id"], USAGE,
+        ["--inject-fault: fault 'os.system' is not one of the harness's faults",
+         "pass --allow-external-faults"]),
+    Row("inject-fault-unknown", ["--inject-fault", "nope"], USAGE,
+        ["--inject-fault: unknown fault 'nope'; known: block-too-few, block-too-many"]),
+    Row("help-writes-nothing", ["--help"], 0, ["--allow-external-faults"]),
+    Row("collect-only-writes-nothing", ["--collect-only", "--model", "tiny-llama",
+                                        "--target", "vllm-cpu"], 0, ["collected"]),
+]
+
+
+def child_pytest(tmp_path: Path, reports: Path, args: list[str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", SUITE,
+           f"--hil-reports-dir={reports}", f"--alluredir={reports / 'allure-results'}",
+           "--hil-clean-results", f"--lease-dir={tmp_path / 'leases'}", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_argument_or_file_is_refused_and_loses_nothing(tmp_path, row):
+    reports = tmp_path / "reports"
+    earlier = earlier_run(reports)
+    for name, body in row.files.items():
+        write(tmp_path, name, body)
+    if row.model:
+        model_folder(tmp_path, **row.model)
+    # "{name}" stands for a path in this test's folder.
+    args = [str(tmp_path / a[1:-1]) if a.startswith("{") else a for a in row.args]
+    run = child_pytest(tmp_path, reports, args)
+    out = run.stdout + run.stderr
+    assert run.returncode == row.rc, out[-3000:]
+    for fragment in row.message:
+        assert fragment in out, out[-3000:]
+    if row.rc == USAGE:
+        assert "Traceback" not in out and "INTERNALERROR" not in out, out[-3000:]
+        assert len([ln for ln in out.splitlines() if ln.startswith("ERROR:")]) == 1, out
+    assert_nothing_lost(earlier)
+    assert not (reports / "timing.json").exists()
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "leases").exists()

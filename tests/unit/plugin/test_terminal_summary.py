@@ -1,0 +1,34 @@
+"""The run's terminal summary and stats name the reference cache entries found bad."""
+
+import json
+
+
+def test_run_summary_names_bad_reference_entries(tmp_path):
+    from harness.session.facade import HilSession, SessionOptions
+
+    session = HilSession(SessionOptions(cache_dir=tmp_path, reports_dir=tmp_path))
+    session.ref_cache.bad.append("x.json: wrong shape; recomputed")
+    path = session.write_stats("main")
+    assert json.loads(path.read_text())["reference_bad"] == ["x.json: wrong shape; recomputed"]
+    from harness.plugin.hooks import pytest_terminal_summary
+
+    class Reporter:
+        stats: dict = {}
+        lines: list[str] = []
+
+        def section(self, title):
+            self.lines.append(title)
+
+        def write_line(self, line, **markup):
+            self.lines.append(line)
+
+    class Config:
+        option = type("Option", (), {})()
+
+        def getoption(self, name):
+            return {"--hil-reports-dir": str(tmp_path), "--stack": "default"}[name]
+
+    tr = Reporter()
+    pytest_terminal_summary(tr, Config())
+    assert "reference cache: 1 bad entry recomputed" in tr.lines
+    assert "  bad entry: x.json: wrong shape; recomputed" in tr.lines

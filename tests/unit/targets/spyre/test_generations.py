@@ -1,0 +1,45 @@
+"""The Spyre plugin generations: which one a stack carries, and the platform check."""
+
+from __future__ import annotations
+
+from harness.targets.spyre.generations import (
+    SENDNN_INFERENCE,
+    VLLM_SPYRE,
+    by_distribution,
+    for_stack,
+    platform_problem,
+)
+
+
+def test_each_stack_names_its_generation():
+    assert for_stack("sendnn-2.6") is SENDNN_INFERENCE
+    assert for_stack("legacy-spyre-0.4") is VLLM_SPYRE
+    assert for_stack("neuron") is None
+    assert for_stack("no-such-stack") is None
+
+
+def test_newest_generation_wins_on_a_host_with_both():
+    assert by_distribution({"vllm-spyre", "sendnn-inference"}) is SENDNN_INFERENCE
+
+
+def test_names_differ_per_generation():
+    assert SENDNN_INFERENCE.var("DYNAMO_BACKEND") == "SENDNN_INFERENCE_DYNAMO_BACKEND"
+    assert VLLM_SPYRE.var("DYNAMO_BACKEND") == "VLLM_SPYRE_DYNAMO_BACKEND"
+    assert VLLM_SPYRE.mode_env("cb") == {"VLLM_SPYRE_USE_CB": "1", "VLLM_SPYRE_USE_CHUNKED_PREFILL": "0"}
+    assert SENDNN_INFERENCE.mode_env("cp") == {}
+    assert SENDNN_INFERENCE.mode_kwargs("pc") == {"enable_prefix_caching": True}
+    assert SENDNN_INFERENCE.mode_kwargs("cp") == {"enable_prefix_caching": False}
+
+
+def test_fallback_to_another_platform_names_both():
+    info = {"platform_module": "vllm.platforms.cpu", "platform": "CpuPlatform", "plugins": "spyre"}
+    why = platform_problem(SENDNN_INFERENCE, info, "spyre-eager-cp")
+    assert why is not None
+    assert "sendnn_inference.platform.SpyrePlatform" in why and "vllm.platforms.cpu.CpuPlatform" in why
+    assert "VLLM_PLUGINS='spyre'" in why
+
+
+def test_the_right_platform_passes():
+    info = {"platform_module": "sendnn_inference.platform", "platform": "SpyrePlatform"}
+    assert platform_problem(SENDNN_INFERENCE, info, "spyre-eager-cp") is None
+    assert platform_problem(None, info, "vllm-cpu") is None
