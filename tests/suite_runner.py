@@ -10,7 +10,21 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from harness.stacks.spec import stack_python
+
 ROOT = Path(__file__).resolve().parent.parent
+
+# vllm-spyre 1.x (its own CB runner pool, reservations, static and continuous batching) lives
+# on in its own stack: a child pytest given SPYRE_1X runs its engines there. The default stack
+# carries sendnn-inference 2.x, whose decoders only have the chunked-prefill modes (cp, pc).
+SPYRE_1X_STACK = "spyre-1.10"
+SPYRE_1X = ("--stack", SPYRE_1X_STACK)
+needs_spyre_1x = pytest.mark.skipif(
+    stack_python(SPYRE_1X_STACK) is None,
+    reason=f"stack {SPYRE_1X_STACK} is not installed: run ./setup.sh --stack {SPYRE_1X_STACK}",
+)
 
 # A child pytest outside this checkout loads the harness as this checkout's modules: the
 # installed copy's pytest11 entry points are blocked, or the plugin would register twice.

@@ -109,6 +109,19 @@ def check_prompts(ps: PromptSet, source: str) -> None:
                              " tokens, at least 1")
         if "max_tokens" in p and (not isinstance(p["max_tokens"], int) or p["max_tokens"] < 1):
             raise ValueError(f"{where}: max_tokens {p['max_tokens']!r} must be at least 1")
+        prefix = p.get("prefix")
+        if prefix is not None:
+            if (not isinstance(prefix, dict) or prefix.get("of") not in ps.prompts
+                    or prefix.get("of") == pid or not isinstance(prefix.get("tokens"), int)
+                    or prefix["tokens"] < 1):
+                raise ValueError(f"{where}: prefix {prefix!r} must name another prompt of the set"
+                                 " and a number of its tokens, at least 1: {\"of\": ID, \"tokens\": N}")
+            if "prefix" in ps.prompts[prefix["of"]]:
+                raise ValueError(f"{where}: prefix names {prefix['of']!r}, which has a prefix"
+                                 " itself; share the first prompt's tokens directly")
+            if "length" in p and p["length"] < prefix["tokens"]:
+                raise ValueError(f"{where}: length {p['length']} is shorter than its prefix of"
+                                 f" {prefix['tokens']} tokens")
 
 
 class PromptSet:
@@ -158,6 +171,23 @@ class PromptSet:
             raise ValueError(f"{self.source}: case {case_id!r} draws from an empty pool")
         return [self.pool[i % len(self.pool)] for i in range(n)]
 
+    def prompt_ids(self, pid: str, tokenizer: Tokenizer) -> list[int]:
+        """The token ids of prompt ``pid``. With ``prefix`` ({"of": ID, "tokens": N}) the first
+        N tokens are prompt ID's, then its own text follows (to ``length`` tokens in all, when
+        given): prompts that share a prefix and diverge at a chosen token, for prefix caching."""
+        p = self.prompts[pid]
+        prefix = p.get("prefix")
+        if prefix is None:
+            if "length" in p:
+                return prompt_of_length(tokenizer, p["text"], int(p["length"]))
+            return tokenizer.encode(p["text"], add_special_tokens=False)
+        shared = self.prompt_ids(prefix["of"], tokenizer)[: int(prefix["tokens"])]
+        own = tokenizer.encode(p["text"], add_special_tokens=False)
+        if "length" in p:
+            own = prompt_of_length(tokenizer, p["text"], int(p["length"]) - len(shared)) if int(
+                p["length"]) > len(shared) else []
+        return shared + own
+
     def scenario(self, case_id: str, tokenizer: Tokenizer) -> Scenario:
         """The requests of one case, tokenized with ``tokenizer``."""
         if case_id not in self.cases:
@@ -167,10 +197,7 @@ class PromptSet:
         requests = []
         for i, pid in enumerate(self.prompt_ids_for(case_id)):
             p = self.prompts[pid]
-            if "length" in p:
-                ids = prompt_of_length(tokenizer, p["text"], int(p["length"]))
-            else:
-                ids = tokenizer.encode(p["text"], add_special_tokens=False)
+            ids = self.prompt_ids(pid, tokenizer)
             if not ids:
                 raise ValueError(f"{self.source}: case {case_id!r}, prompt {pid!r}: text"
                                  f" {p['text']!r} encodes to no tokens; give it some text")

@@ -6,11 +6,16 @@ legacy runners (0.3-0.4), warmup, and the card the runtime opens. The target hoo
 generic block-pool faults which pool is the ledger pool, and give the runner a path for the
 preemptions of ``preempt-running-once``. Declared in ``SpyreTarget.fault_modules``: the kind
 registry imports it for ``harness.in_engine.faults``, and it registers its faults with
-``harness.in_engine.fault_registry``; vllm-spyre is imported only when a fault is installed.
+``harness.in_engine.fault_registry``; the plugin is imported only when a fault is installed,
+the generation the engine's environment has (newest first, as ``SpyreTarget.engine_info``).
+sendnn-inference 2.x keeps its blocks in vLLM's scheduler pool, so the generic faults land
+there unchanged; its own faults are in ``faults_2x.py``.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +29,7 @@ from harness.in_engine.fault_registry import (
     fault,
     target_hook,
 )
+from harness.targets.spyre.generations import GENERATIONS, VLLM_SPYRE, PluginGeneration
 from harness.targets.spyre.resume import handle_preemption_in_runner
 
 # The pool that holds a request's real blocks on vllm-spyre 1.x: the runner's own (tagged when
@@ -31,19 +37,33 @@ from harness.targets.spyre.resume import handle_preemption_in_runner
 _LEDGER_POOL_TAG = "_hil_ledger_pool"
 
 
+def installed_generation() -> PluginGeneration:
+    """The plugin generation this process can import (newest first); vllm-spyre 1.x when none
+    is (its import then fails naming the module)."""
+    for gen in GENERATIONS:
+        if importlib.util.find_spec(gen.module) is not None:
+            return gen
+    return VLLM_SPYRE
+
+
 def runner_module() -> Any:
-    """vllm-spyre's runner module, imported after vLLM has resolved its platform (an early
-    import would pin vLLM 0.9 to its unspecified platform)."""
+    """The installed plugin's runner module, imported after vLLM has resolved its platform (an
+    early import would pin vLLM 0.9 to its unspecified platform)."""
     from vllm.platforms import current_platform  # defers a heavy import
 
     current_platform.get_device_name  # noqa: B018 - resolves the platform plugin
-    from vllm_spyre.v1.worker import spyre_model_runner  # defers a heavy import
-
-    return spyre_model_runner
+    return importlib.import_module(f"{installed_generation().module}.v1.worker.spyre_model_runner")
 
 
 def _runner_class() -> Any:
-    return runner_module().ContinuousBatchingSpyreModelRunner
+    """vllm-spyre's continuous-batching runner; ValueError on a generation without one."""
+    cls = getattr(runner_module(), "ContinuousBatchingSpyreModelRunner", None)
+    if cls is None:
+        gen = installed_generation()
+        raise ValueError(f"this fault patches vllm-spyre's ContinuousBatchingSpyreModelRunner,"
+                         f" which {gen.name} ({gen.module}) does not have; its faults are in"
+                         f" harness/targets/spyre/faults_2x.py")
+    return cls
 
 
 # -- target hooks: vllm-spyre's part of the generic faults
@@ -71,7 +91,8 @@ def tag_runner_pool(config: dict[str, Any]) -> Callable[[Any], bool] | None:
 @target_hook(RUNNER_PREEMPTION, "spyre")
 def runner_preemption(config: dict[str, Any]) -> None:
     """vllm-spyre's runner has no preemption path: give it the narrowest one (it drops the
-    preempted request and prefills it again; harness.targets.spyre.resume)."""
+    preempted request and prefills it again; harness.targets.spyre.resume). Not for
+    sendnn-inference 2.x, whose scheduler promises blocks ahead and pauses instead: refused."""
     handle_preemption_in_runner(_runner_class())
 
 

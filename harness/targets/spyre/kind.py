@@ -103,7 +103,7 @@ class SpyreTarget(VllmTarget):
         "pc": "sendnn-inference chunked prefill with prefix caching on",
     }
     plugin_preload = {gen.module: gen.preload for gen in GENERATIONS}
-    fault_modules = ("harness.targets.spyre.faults",)
+    fault_modules = ("harness.targets.spyre.faults", "harness.targets.spyre.faults_2x")
     # The platform fixes 64-token blocks and keeps block 0 as the pad block.
     geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
     start_timeouts = {"sendnn": SENDNN_START_TIMEOUT}

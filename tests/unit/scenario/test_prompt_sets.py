@@ -51,3 +51,47 @@ def test_prompt_that_encodes_to_nothing_names_file_and_case(tmp_path):
     p = write(tmp_path, "ps.json", json.dumps(PROMPT_SET))
     with pytest.raises(ValueError, match=rf"{p}: case 'pair', prompt 'a': text 'hi' encodes to no tokens"):
         PromptSet.load(p).scenario("pair", NoTokens())
+
+
+class Chars:
+    """One token per character: token ids are the characters' code points."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+def test_prompts_sharing_a_prefix_diverge_where_declared():
+    ps = PromptSet({**PROMPT_SET, "prompts": {
+        "base": {"text": "abcdefgh", "length": 12},
+        "split": {"text": "XY", "prefix": {"of": "base", "tokens": 5}, "length": 9},
+        "repeat": {"text": "-", "prefix": {"of": "base", "tokens": 7}, "length": 7}},
+        "cases": {"c": {"prompts": ["base", "split", "repeat"]}}}, "mem")
+    base, split, repeat = (r.prompt_token_ids for r in ps.scenario("c", Chars()).requests)
+    assert Chars().decode(base) == "abcdefghabcd"
+    assert Chars().decode(split) == "abcdeXYXY" and split[:5] == base[:5] and split[5] != base[5]
+    assert repeat == base[:7]
+
+
+@pytest.mark.parametrize("prefix,message", [
+    ({"of": "nope", "tokens": 2}, "must name another prompt of the set"),
+    ({"of": "a", "tokens": 0}, "must name another prompt of the set"),
+    ({"of": "b", "tokens": 2}, "must name another prompt of the set"),
+])
+def test_a_bad_prefix_is_refused(tmp_path, prefix, message):
+    data = {**PROMPT_SET, "prompts": {"a": {"text": "hi"}, "b": {"text": "x", "prefix": prefix}}}
+    p = write(tmp_path, "ps.json", json.dumps(data))
+    with pytest.raises(ValueError, match=message):
+        PromptSet.load(p)
+
+
+def test_the_shipped_prefix_cases_share_and_diverge_at_block_edges():
+    ps = PromptSet.load("token_equality")
+    s = ps.scenario("shared-prefix", Chars())
+    base = s.requests[0].prompt_token_ids
+    for req, at in zip(s.requests[1:], (64, 96, 127), strict=True):
+        assert req.prompt_token_ids[:at] == base[:at] and req.prompt_token_ids[at] != base[at]
+    lengths = [len(r.prompt_token_ids) for r in ps.scenario("cached-edge", Chars()).requests[1:]]
+    assert lengths == [127, 128, 129]

@@ -108,10 +108,18 @@ def test_each_engine_kind_owns_its_environment() -> None:
         assert issubclass(kind, VllmTarget)
         cfg = VARIANTS[kind.variants[0].id].engine_config(
             "m", type("L", (), {"max_model_len": 256, "max_num_seqs": 2, "sb_warmup": (64, 20, 2),
-                                "cp_chunk": 64})())
+                                "cp_chunk": 64})(), stack="spyre-1.10")
         envs[name] = kind(cfg).engine_env()
     assert envs["vllm-cpu"]["VLLM_PLUGINS"] == ""
-    assert envs["spyre"]["VLLM_PLUGINS"] == "spyre"
+    assert envs["spyre"]["VLLM_PLUGINS"] == "spyre"  # vllm-spyre 1.x on the spyre-1.10 stack
     assert envs["spyre"]["VLLM_SPYRE_USE_CB"] == "0"  # the first spyre variant is sb
+    limits = type("L", (), {"max_model_len": 256, "max_num_seqs": 2, "sb_warmup": None,
+                            "cp_chunk": 64})()
+    cp = targets.kind("spyre")(VARIANTS["spyre-eager-pc"].engine_config("m", limits))
+    env, kwargs = cp.engine_env(), cp.llm_kwargs()  # sendnn-inference 2.x on the default stack
+    assert env["VLLM_PLUGINS"] == "sendnn_inference"
+    assert env["SENDNN_INFERENCE_DYNAMO_BACKEND"] == "eager"
+    assert not any(k.startswith("VLLM_SPYRE_") for k in env)
+    assert kwargs["enable_prefix_caching"] is True and kwargs["max_num_batched_tokens"] == 64
     assert envs["neuron"]["VLLM_PLUGINS"] == "neuron"
     assert all(e["HF_HUB_OFFLINE"] == "1" for e in envs.values())

@@ -14,14 +14,15 @@ def test_prompt_longer_than_max_model_len():
 
 
 def test_spyre_cb_counts_the_padded_prompt():
-    t = target_for(cfg(target="spyre", mode="cb", backend="eager"))
+    t = target_for(cfg(target="spyre", mode="cb", backend="eager", stack="spyre-1.10"))
     t.check_request(192, 64)  # exactly fits
     with pytest.raises(ConfigError, match=r"padded to 256.*exceeds max_model_len 256"):
         t.check_request(193, 1)
 
 
 def test_static_batching_prompt_must_fit_warmup_shape():
-    t = target_for(cfg(target="spyre", mode="sb", backend="eager", warmup=WarmupShape(64, 20, 2)))
+    t = target_for(cfg(target="spyre", mode="sb", backend="eager", warmup=WarmupShape(64, 20, 2),
+                         stack="spyre-1.10"))
     t.check_request(64, 20)
     with pytest.raises(ConfigError, match=r"does not fit the static-batching warmup shape \(prompt_len 64"):
         t.check_request(65, 20)

@@ -38,7 +38,7 @@ def card_device(**kw: object) -> InventoryDevice:
 def card_cfg(env: dict[str, str] | None = None, device: str = "card0") -> EngineConfig:
     env = env if env is not None else card.card_env(card_device(), Path("/cache"))
     return EngineConfig(target="spyre", model="/m", max_model_len=256, max_num_seqs=2, mode="cb",
-                        backend="sendnn", device=device, extra_env=tuple(sorted(env.items())))
+                        backend="sendnn", device=device, stack="spyre-1.10", extra_env=tuple(sorted(env.items())))
 
 
 def good_info() -> dict:
@@ -85,6 +85,7 @@ def test_verification_fails_with_expected_and_seen(log: str, info_change: dict, 
 
 def test_cpu_engines_are_not_card_engines() -> None:
     cfg = EngineConfig(target="spyre", model="/m", max_model_len=256, max_num_seqs=2, mode="cb",
+                       stack="spyre-1.10",
                        backend="eager")
     assert not target_for(cfg).holds_device() and target_for(card_cfg()).holds_device()
     assert not target_for(cfg.with_(device="card0")).holds_device()  # an eager stand-in
@@ -265,6 +266,6 @@ def test_summary_gets_a_cards_section(tmp_path: Path) -> None:
     (tmp_path / "stats" / "gw0.json").write_text(json.dumps({"cards": ledger.to_list()}))
     (tmp_path / "summary.md").write_text("# run\n")
     section = append_device_summary(tmp_path / "stats", tmp_path / "summary.md")
-    assert "card card0: 1 configuration(s): spyre-sendnn-cb" in section
+    assert "card card0: 1 configuration(s): spyre-1.10:spyre-sendnn-cb" in section
     assert "## Cards" in (tmp_path / "summary.md").read_text()
     assert append_device_summary(tmp_path / "none", tmp_path / "summary.md") == ""

@@ -12,7 +12,8 @@ from harness.targets.spyre.generations import (
 
 
 def test_each_stack_names_its_generation():
-    assert for_stack("sendnn-2.6") is SENDNN_INFERENCE
+    assert for_stack("default") is SENDNN_INFERENCE
+    assert for_stack("spyre-1.10") is VLLM_SPYRE
     assert for_stack("legacy-spyre-0.4") is VLLM_SPYRE
     assert for_stack("neuron") is None
     assert for_stack("no-such-stack") is None

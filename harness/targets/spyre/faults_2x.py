@@ -1,0 +1,222 @@
+"""Faults in sendnn-inference 2.x (vllm-spyre renamed): the scheduler's promises and pausing,
+and the runner's own block table, for ``harness.in_engine.faults``.
+
+2.x keeps every KV block in vLLM's scheduler pool (the ledger pool, ``vllm-scheduler``). Its
+chunked-prefill scheduler (``ChunkedPrefillSpyreScheduler``) admits a request only when the
+pool can hold its prompt and max_tokens, and promises it the blocks not yet allocated
+(``reserved_blocks``, summed in ``total_reserved_blocks``): ``schedule`` discounts each block
+it hands out, ``update_from_output`` drops the promise of a request that finished. It may
+pause a decoding request when the batch's next TKV would pass the batch TKV limit
+(``_can_decode_all_requests``). The runner (``ChunkedPrefillModelRunner``) keeps its own copy
+of each request's block ids (``requests[id].block_ids``) and drops it when the request's id
+arrives in ``finished_req_ids``. Each fault here breaks one of these first
+(harness/checks/promises.py: ``promises``, ``runner_table``) or pauses a request at full
+batch (harness/checks/preemption.py: ``no_preemption``, "pause:").
+
+Declared in ``SpyreTarget.fault_modules`` beside ``faults.py`` (vllm-spyre 0.x-1.x). The
+plugin is imported only when a fault is installed; on another generation the fault refuses
+to install, saying which one it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from harness.in_engine.fault_registry import Once, armed, fault
+from harness.targets.spyre.generations import SENDNN_INFERENCE
+
+
+def plugin_module(name: str, fault_name: str) -> Any:
+    """``sendnn_inference.<name>``, imported after vLLM has resolved its platform; ValueError
+    naming ``fault_name`` where sendnn-inference is not installed."""
+    if importlib.util.find_spec(SENDNN_INFERENCE.module) is None:
+        raise ValueError(f"fault {fault_name} patches {SENDNN_INFERENCE.name}"
+                         f" ({SENDNN_INFERENCE.module}), which this engine's stack does not have")
+    from vllm.platforms import current_platform  # defers a heavy import
+
+    current_platform.get_device_name  # noqa: B018 - resolves the platform plugin
+    return importlib.import_module(f"{SENDNN_INFERENCE.module}.{name}")
+
+
+def scheduler_class(fault_name: str) -> Any:
+    """The 2.x chunked-prefill scheduler class."""
+    return plugin_module("v1.core.scheduler", fault_name).ChunkedPrefillSpyreScheduler
+
+
+def runner_class(fault_name: str) -> Any:
+    """The 2.x chunked-prefill model runner class."""
+    return plugin_module("v1.worker.spyre_model_runner", fault_name).ChunkedPrefillModelRunner
+
+
+# -- pure parts (tests/unit/targets/spyre/test_faults_2x.py)
+
+
+def dropped_promises(before: dict[str, int], after: dict[str, int]) -> list[tuple[str, int]]:
+    """The requests whose promise of one block or more went away between ``before`` and
+    ``after``, with that promise, in id order."""
+    return [(r, n) for r, n in sorted(before.items()) if n > 0 and r not in after]
+
+
+def last_blocks_handed_out(req_ids: Sequence[str], new_block_ids: Sequence[Any],
+                           promised: dict[str, int]) -> list[tuple[str, int]]:
+    """(request, blocks) of each request that got blocks at this step and, with them, all it
+    was promised (its promise is now 0: it takes no block again)."""
+    out = []
+    for req_id, groups in zip(req_ids, new_block_ids, strict=True):
+        n = len(groups[0]) if groups else 0
+        if n and promised.get(req_id) == 0:
+            out.append((req_id, n))
+    return out
+
+
+def wrong_block(ids: Iterable[int], num_blocks: int, pad: int = 0) -> int:
+    """The highest block of a pool of ``num_blocks`` that is neither ``pad`` nor in ``ids``
+    (a real block the request was not given)."""
+    taken = set(ids) | {pad}
+    for b in range(num_blocks - 1, -1, -1):
+        if b not in taken:
+            return b
+    raise ValueError(f"no block of a pool of {num_blocks} is free of {sorted(taken)}")
+
+
+def first_finished(finished_req_ids: Iterable[str] | None, table: dict[str, Any]) -> str | None:
+    """The first (in id order) of the finished requests the runner still has a state for."""
+    held = sorted(str(r) for r in finished_req_ids or () if r in table)
+    return held[0] if held else None
+
+
+# -- the scheduler's promises
+
+
+@fault("keep-promise")
+def keep_promise(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x: the first time a request finishes with blocks still promised (its
+    prompt and max_tokens needed a block its output never reached), ``update_from_output``
+    does not drop that promise: the request is gone, its promise and the total still count
+    it, and admission has that many blocks fewer (breaks promises: a leaked reservation,
+    then idle_all_free). A request whose promise is already 0 at its finish leaks nothing."""
+    cls = scheduler_class("keep-promise")
+    original = cls.update_from_output
+    once = Once()
+
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        before = dict(self.reserved_blocks)
+        out = original(self, scheduler_output, model_runner_output)
+        dropped = dropped_promises(before, self.reserved_blocks)
+        if dropped and once.due():
+            req_id, n = dropped[0]
+            self.reserved_blocks[req_id] = n
+            self.total_reserved_blocks += n
+            once.fire(f"[hil] fault keep_promise fired: {req_id} finished, its promise of {n}"
+                      f" block(s) kept")
+        return out
+
+    cls.update_from_output = update_from_output  # type: ignore[method-assign]
+
+
+@fault("promise-discounted-twice")
+def promise_discounted_twice(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x: the first time ``schedule`` hands a decoding or prefilling request
+    the last blocks it was promised, they are discounted from its promise twice (its promise
+    goes negative; the total, discounted once, no longer adds up). At its finish the negative
+    promise is dropped, and the total keeps the difference: at idle a block is still
+    promised to no one (breaks promises first, then idle_all_free)."""
+    cls = scheduler_class("promise-discounted-twice")
+    original = cls.schedule
+    once = Once()
+
+    def schedule(self: Any, *a: Any, **kw: Any) -> Any:
+        out = original(self, *a, **kw)
+        if armed():
+            cached = out.scheduled_cached_reqs
+            handed = last_blocks_handed_out(cached.req_ids, cached.new_block_ids,
+                                            self.reserved_blocks)
+            if handed and once.due():
+                req_id, n = handed[0]
+                self.reserved_blocks[req_id] -= n
+                once.fire(f"[hil] fault promise_discounted_twice fired: {req_id}'s {n} last"
+                          f" block(s) discounted twice, promise {self.reserved_blocks[req_id]}")
+        return out
+
+    cls.schedule = schedule  # type: ignore[method-assign]
+
+
+# -- pausing
+
+
+@fault("pause-at-full-batch")
+def pause_at_full_batch(config: dict[str, Any], after: str = "0") -> None:
+    """sendnn-inference 2.x: once, at the ``after``-th (0-based) decode step whose batch is full
+    (``max_num_seqs`` decoding requests), the scheduler judges that the full batch would pass
+    the batch TKV limit and pauses the last request it considers for a step (it keeps its
+    blocks, leaves the batch, and resumes at the next step), as a limit set below what a
+    full batch needs would (breaks no_preemption: "pause:")."""
+    cls = scheduler_class("pause-at-full-batch")
+    original = cls._can_decode_all_requests
+    once = Once(after)
+
+    def _can_decode_all_requests(self: Any, decoding_requests: list[Any]) -> bool:
+        full = len(decoding_requests) >= int(self.max_num_running_reqs)
+        if full and once.due():
+            once.fire(f"[hil] fault pause_at_full_batch fired: a full batch of"
+                      f" {len(decoding_requests)} judged over the TKV limit, pauses"
+                      f" {decoding_requests[-1].request_id}")
+            return False
+        return bool(original(self, decoding_requests))
+
+    cls._can_decode_all_requests = _can_decode_all_requests  # type: ignore[method-assign]
+
+
+# -- the runner's block table
+
+
+@fault("runner-keeps-finished")
+def runner_keeps_finished(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x: the first time finished requests reach the runner after start,
+    it drops the first of them from its batch but keeps its state, with its block ids, in
+    its request table: the runner still holds blocks the pool freed, a step later and
+    after (breaks runner_table)."""
+    cls = runner_class("runner-keeps-finished")
+    original = cls.update_states
+    once = Once()
+
+    def update_states(self: Any, scheduler_output: Any) -> Any:
+        req_id = first_finished(scheduler_output.finished_req_ids, self.requests)
+        kept = self.requests[req_id] if req_id is not None and once.due() else None
+        out = original(self, scheduler_output)
+        if kept is not None:
+            self.requests[req_id] = kept
+            once.fire(f"[hil] fault runner_keeps_finished fired: {req_id} finished, the runner"
+                      f" keeps its blocks {list(kept.block_ids)}")
+        return out
+
+    cls.update_states = update_states  # type: ignore[method-assign]
+
+
+@fault("runner-wrong-block")
+def runner_wrong_block(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x: the first request the runner takes in after start gets, in the
+    runner's own table, a wrong last block: the highest block of the pool it was not given,
+    in place of the one the scheduler gave it (the request then reads and writes its KV
+    there; breaks runner_table)."""
+    module = plugin_module("v1.worker.spyre_model_runner", "runner-wrong-block")
+    cls = module.ChunkedPrefillModelRunner
+    original = cls.add_new_request
+    once = Once()
+
+    def add_new_request(self: Any, request: Any) -> Any:
+        out = original(self, request)
+        state = self.requests.get(request.req_id)
+        ids = list(getattr(state, "block_ids", None) or ())
+        if ids and once.due():
+            num_blocks = int(module.SpyrePlatform.get_total_spyre_blocks(self.vllm_config))
+            wrong = wrong_block(ids, num_blocks)
+            state.block_ids = ids[:-1] + [wrong]
+            once.fire(f"[hil] fault runner_wrong_block fired: {request.req_id} given blocks"
+                      f" {ids}, the runner holds {state.block_ids}")
+        return out
+
+    cls.add_new_request = add_new_request  # type: ignore[method-assign]
