@@ -100,6 +100,15 @@ CPU_CASES: tuple[Case, ...] = (
          stack=LEGACY_STACK),
     Case("misname-dummy", "spyre-eager-cb", FREEING, "dummy_padding", "block leak",
          stack=LEGACY_STACK),
+    # sendnn-inference 2.x: promises, the runner's table and pausing (tests/e2e/test_spyre2_faults.py).
+    Case("promise-total-drift", "spyre-eager-cp", FREEING, "single-request", "block leak"),
+    Case("keep-promise", "spyre-eager-cp", "suites/test_no_recompute.py",
+         "full_batch_runs and cp-65-2", "block leak"),
+    Case("runner-keeps-finished", "spyre-eager-cp", FREEING, "finish-back-to-idle",
+         "block leak"),
+    Case("runner-wrong-block", "spyre-eager-cp", FREEING, "finish-back-to-idle", "block leak"),
+    Case("pause-at-full-batch", "spyre-eager-cp", "suites/test_no_recompute.py",
+         "full_batch_runs and cp-65-2", "recompute"),
 )
 # Faults that need a card (their check is the on-card verification); tests/e2e/test_card_host.py
 # proves them on the emulated card host.

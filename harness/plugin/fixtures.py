@@ -104,6 +104,9 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     if stack_problem:
         pytest.skip(stack_problem)
     target_cls = kind(variant.target)
+    lacking = target_cls.stack_feature_problem(variant, hil.opts.stack)
+    if lacking:
+        pytest.skip(lacking)
     stack_missing = target_cls.stack_probe(variant, hil.opts.stack)
     if stack_missing:
         _missing(request, stack_missing)

@@ -331,6 +331,12 @@ class VllmTarget(TargetKind):
         return None
 
     @classmethod
+    def stack_feature_problem(cls, variant: Any, stack: str) -> str | None:
+        """Why the software of ``stack`` has no ``variant`` at all (a plain skip, whatever the
+        device: a plugin generation without the mode), or None."""
+        return None
+
+    @classmethod
     def model_probe(cls, model_dir: Any) -> str | None:
         """None when this target serves the model's family, else why not (a skip)."""
         return None

@@ -1,6 +1,7 @@
 """One KV block too many or too few per request, injected into vLLM's block allocation,
 makes the vllm-cpu capacity suite fail at the full-batch edge, filed as recompute; one
-block too many reserved per request by vllm-spyre's CB runner fails its pool edge.
+block too many reserved per request by vllm-spyre 1.x's CB runner fails its pool edge (on the
+spyre-1.10 stack: the default stack's sendnn-inference 2.x has no CB runner).
 
 Tight full-batch requests fill their share of a formula-sized pool exactly, so a request
 given a block more runs the pool dry (preempted); and a pool one block below the formula
@@ -10,7 +11,7 @@ must preempt, so a request given a block fewer (the pool never runs dry) shows t
 import pytest
 
 from harness.report.categories import classify
-from tests.suite_runner import run_suite
+from tests.suite_runner import SPYRE_1X, needs_spyre_1x, run_suite
 
 pytestmark = pytest.mark.e2e  # each test runs a suite in a child pytest with engines
 
@@ -29,12 +30,13 @@ def test_one_block_off_per_request_fails_the_capacity_edge(tmp_path, fault, sele
     assert classify("failed", message.splitlines()[0]) == "recompute", message[:500]
 
 
+@needs_spyre_1x
 def test_a_reservation_one_block_too_large_fails_the_spyre_pool_edge(tmp_path):
-    """vllm-spyre CB: each request reserves one block more than the runner's arithmetic
+    """vllm-spyre 1.x CB: each request reserves one block more than the runner's arithmetic
     (reserve-extra). No ledger invariant breaks; the pool the batch's reservations fill
     exactly now holds the second request back: full batch never reached, as recompute."""
     run = run_suite(tmp_path, "suites/test_capacity.py", "-k", "reservations_at_the_edge and filled",
-                    "--model", "tiny-llama", "--target", "spyre-eager-cb",
+                    *SPYRE_1X, "--model", "tiny-llama", "--target", "spyre-eager-cb",
                     "--inject-fault", "reserve-extra")
     assert run.returncode == 1, run.output[-3000:]
     assert len(run.failed()) == 1, run.outcomes

@@ -1,6 +1,11 @@
 """The emulated card host end to end (tools/card-host/run.sh): every card suite runs with no skip,
 one live engine per card, each configuration started once per card; and the checks still bite
-there: one injected fault per suite fails, and an engine on another card fails the verification."""
+there: one injected fault per suite fails, and an engine on another card fails the verification.
+
+The card image is built on the spyre-1.10 stack (vllm-spyre 1.x): run.sh's image check imports
+vllm_spyre, and its selection covers the sb, cb and cp card modes, of which sendnn-inference 2.x
+(the default stack) keeps only cp. Its image lives in its own folder, apart from one built on
+another stack."""
 
 from __future__ import annotations
 
@@ -14,16 +19,24 @@ import pytest
 
 from harness.core.paths import REPO_ROOT
 from harness.engine.device_ledger import ledger_problems
+from harness.stacks.spec import stack_python
+from tests.suite_runner import SPYRE_1X_STACK, needs_spyre_1x
 
 ROOT = REPO_ROOT
 RUN_SH = ROOT / "tools" / "card-host" / "run.sh"
 
-pytestmark = [pytest.mark.e2e, pytest.mark.card_host, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.e2e, pytest.mark.card_host, pytest.mark.timeout(1500), needs_spyre_1x]
+# The card image's preinstalled stack (HIL_CARD_HOST_BASE_PYTHON) and its own work folder.
+CARD_IMAGE_ENV = {
+    "HIL_CARD_HOST_BASE_PYTHON": str(stack_python(SPYRE_1X_STACK)),
+    "HIL_CARD_HOST_DIR": str(ROOT / ".hil-cache" / f"card-host-{SPYRE_1X_STACK}"),
+}
 
 
 def card_host(run_dir: Path, *args: str) -> tuple[int, str, dict[str, tuple[str, str]], list[dict]]:
     """Run the card host; (rc, output, test name -> (outcome, message), card ledger events)."""
-    env = {**os.environ, "HIL_CARD_HOST_RUN_DIR": str(run_dir), "HIL_CARD_HOST_NO_DEVICES_CHECK": "1"}
+    env = {**os.environ, **CARD_IMAGE_ENV, "HIL_CARD_HOST_RUN_DIR": str(run_dir),
+           "HIL_CARD_HOST_NO_DEVICES_CHECK": "1"}
     proc = subprocess.run(["bash", str(RUN_SH), *args], capture_output=True, text=True, env=env,
                           timeout=1400)
     results: dict[str, tuple[str, str]] = {}

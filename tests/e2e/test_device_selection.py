@@ -16,7 +16,7 @@ def test_spyre_card_runs_skip_with_what_was_looked_for(tmp_path):
                     "--model", "tiny-llama", "-k", "single and not one-token", "-rs")
     assert run.returncode == 0, run.output[-2000:]
     assert set(run.outcomes.values()) == {"skipped"}
-    assert len(run.outcomes) == 3  # sb, cb, cp
+    assert len(run.outcomes) == 4  # sb, cb, cp, pc
     assert "no Spyre device found: looked for PCI vendor:device 1014:06a7" in run.output
 
 
@@ -29,7 +29,7 @@ def test_require_device_turns_the_skip_into_a_failure(tmp_path):
                     "--require-device")
     assert run.returncode == 1
     assert set(run.outcomes.values()) == {"error"} or set(run.outcomes.values()) == {"failed"}
-    assert len(run.outcomes) == 4  # 3 spyre modes + neuron
+    assert len(run.outcomes) == 5  # 4 spyre modes + neuron
     assert "device required but missing: no Spyre device found" in run.output or any(
         "device required but missing: no Spyre device found" in m for m in run.messages.values())
 

@@ -19,7 +19,7 @@ def hygiene_stats(tmp_path):
 
 def test_a_leak_once_fails_only_its_own_test_and_the_rest_pass_on_a_fresh_engine(tmp_path):
     run = run_suite(tmp_path, "suites/test_block_freeing.py", "-k", "blocks_return",
-                    "--model", "tiny-llama", "--target", "spyre-eager-cb",
+                    "--model", "tiny-llama", "--target", "spyre-eager-cp",
                     "--inject-fault", "forget-free-once", "--max-live-engines", "1")
     assert run.returncode == 1, run.output[-3000:]
     names = list(run.outcomes)

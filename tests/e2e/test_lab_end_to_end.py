@@ -30,7 +30,7 @@ def test_broken_card_skips_its_later_tests_while_the_other_card_finishes(tmp_pat
     inv = tmp_path / "cards.toml"
     inv.write_text(CARDS)
     run = run_suite(tmp_path, "suites/test_token_equality.py", "-n", "2", "-m", "cpu",
-                    "--model", "tiny-llama", "--target", "spyre-eager-cb", "-k", SIX,
+                    "--model", "tiny-llama", "--target", "spyre-eager-cp", "-k", SIX,
                     "--inventory", str(inv))
     assert "lease: gw0 holds card" in run.output and "lease: gw1 holds card" in run.output, run.output[-3000:]
     by_card: dict[str, list[str]] = {"card0": [], "card1": []}
@@ -94,7 +94,7 @@ def test_quarantined_failure_is_known_and_a_quarantined_pass_warns(tmp_path):
 
 
 SHARD_SELECTION = ["-m", "token_equality and cpu", "--model", "tiny-llama",
-                   "--target", "vllm-cpu,spyre-eager-cb", "-k", "single and not one-token or pair"]
+                   "--target", "vllm-cpu,spyre-eager-cp", "-k", "single and not one-token or pair"]
 
 
 def hil_run(reports, *args):

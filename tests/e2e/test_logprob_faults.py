@@ -8,7 +8,8 @@
   position given the reference's history, fails ("token mismatch", check
   ``token_equality.forced``).
 
-Each on vllm-cpu and spyre-eager-cb, through the real engines.
+Each on vllm-cpu and spyre-eager-cp (the default stack's Spyre decoder mode), through the real
+engines.
 """
 
 import pytest
@@ -23,7 +24,7 @@ def first_line(message: str) -> str:
     return message.strip().splitlines()[0]
 
 
-@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cb"])
+@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cp"])
 def test_kernel_drift_fails_logprob_closeness(tmp_path, target):
     run = run_suite(
         tmp_path, "suites/test_token_equality.py", "-k", "single and not one-token",
@@ -39,7 +40,7 @@ def test_kernel_drift_fails_logprob_closeness(tmp_path, target):
     assert classify("failed", first_line(message)) == "logprob drift", message[:500]
 
 
-@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cb"])
+@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cp"])
 def test_drift_after_a_near_tie_fails_the_teacher_forced_run(tmp_path, target):
     """Every case on both models: which prompts meet an honest near-tie depends on the models
     (a handful of positions in all), so none is picked by name; the fault fires in each

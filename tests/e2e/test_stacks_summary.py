@@ -1,7 +1,11 @@
 """End to end: `hil run --stacks default,legacy-spyre-0.4` on a narrow selection writes one
 summary.md with the stack x suite x target matrix, the skips grouped by reason, and each
 stack's section with its own agreement table (the default stack's rows, the legacy stack's
-targets that cannot force listed outside the table)."""
+targets that cannot force listed outside the table).
+
+The default stack (sendnn-inference 2.x) runs Spyre decoders in chunked prefill only
+(spyre-eager-cp); continuous batching (spyre-eager-cb) is the legacy stack's, and neither
+stack has the other's mode."""
 
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ def test_two_stacks_make_one_summary_with_every_stacks_tables(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "harness.cli", "run", "--reports-dir", str(reports),
          "--stacks", f"default,{LEGACY}", "--model", "tiny-llama",
-         "--target", "vllm-cpu,spyre-eager-cb,spyre-sendnn-cb",
+         "--target", "vllm-cpu,spyre-eager-cp,spyre-eager-cb,spyre-sendnn-cb",
          "-k", "single-one-token or refuses_too_few_blocks"],
         cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -46,11 +50,15 @@ def test_two_stacks_make_one_summary_with_every_stacks_tables(tmp_path):
     matrix = section(text, "## Stacks, suites and targets")
     assert "| stack | target | block_freeing | capacity | no_recompute | token_equality |" in matrix
     assert "| default | vllm-cpu | — | — | — | 1 passed |" in matrix
-    assert "| default | spyre-eager-cb | — | 1 passed | — | 1 passed |" in matrix
+    assert "| default | spyre-eager-cp | — | 1 passed | — | 1 passed |" in matrix
+    assert ("| default | spyre-eager-cb | — | skipped: stack without the feature | — |"
+            " skipped: stack without the feature |") in matrix
     assert ("| default | spyre-sendnn-cb | — | skipped: device missing | — |"
             " skipped: device missing |") in matrix
     assert (f"| {LEGACY} | spyre-eager-cb | — | skipped: stack without the feature | — |"
             " 1 passed |") in matrix
+    assert (f"| {LEGACY} | spyre-eager-cp | — | skipped: stack without the feature | — |"
+            " skipped: stack without the feature |") in matrix
     assert f"| {LEGACY} | vllm-cpu | — | — | — | skipped: stack without the feature |" in matrix
 
     skips = section(text, "## Skipped tests by reason")
@@ -60,8 +68,9 @@ def test_two_stacks_make_one_summary_with_every_stacks_tables(tmp_path):
     assert f"vllm-cpu does not run on stack {LEGACY}" in skips
 
     default = section(text, "## Stack `default`")
-    for target in ("spyre-eager-cb", "vllm-cpu"):
+    for target in ("spyre-eager-cp", "vllm-cpu"):
         assert f"| {target} | tiny-llama | " in default, default
+    assert "| spyre-eager-cb | tiny-llama | " not in default, default
     assert "not forced" not in default
     legacy = section(text, f"## Stack `{LEGACY}`")
     forced = legacy.split("### Teacher-forced agreement")[1]

@@ -1,7 +1,7 @@
 """The token-equality suite fails, with a readable diff, when the device path is perturbed.
 
 A fault (``perturb-logit``, harness.in_engine.faults.logits) is installed inside the real
-vLLM and vllm-spyre engines: once, at generated position 5 of one request, the least
+vLLM and Spyre plugin engines (sendnn-inference 2.x on the default stack): once, at generated position 5 of one request, the least
 likely token is made the argmax. The unmodified suite must then fail with
 ``token mismatch:`` at that position, and pass without the fault.
 """
@@ -15,7 +15,7 @@ from tests.suite_runner import run_suite
 pytestmark = pytest.mark.e2e  # each test runs a suite in a child pytest with engines
 
 
-@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cb"])
+@pytest.mark.parametrize("target", ["vllm-cpu", "spyre-eager-cp"])
 def test_perturbed_logit_fails_token_equality(tmp_path, target):
     run = run_suite(
         tmp_path,
@@ -43,7 +43,7 @@ def test_same_selection_passes_without_fault(tmp_path):
         "suites/test_token_equality.py",
         "-k", "single and not one-token",
         "--model", "tiny-llama",
-        "--target", "vllm-cpu,spyre-eager-cb",
+        "--target", "vllm-cpu,spyre-eager-cp",
     )
     assert run.returncode == 0, run.output[-3000:]
     assert sorted(run.outcomes.values()) == ["passed", "passed"]

@@ -37,14 +37,14 @@ def after_the_kill():
         time.sleep(0.2)
 
 
-@pytest.mark.hil_targets("spyre-eager-cb")
+@pytest.mark.hil_targets("spyre-eager-cp")
 def test_worker_dies_holding_the_card(target_variant):
     assert target_variant.device == "card0"
     (MARKS / "killed").write_text(repr(time.time()))
     os._exit(9)
 
 
-@pytest.mark.hil_targets("spyre-eager-cb")
+@pytest.mark.hil_targets("spyre-eager-cp")
 def test_other_worker_gets_the_card(after_the_kill, target_variant):
     assert target_variant.device == "card0"
     (MARKS / "passed").write_text(repr(time.time()))
@@ -70,8 +70,8 @@ def test_killed_worker_loses_no_result_and_frees_its_lease(tmp_path):
     out = proc.stdout + proc.stderr
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
     assert len(cases) == 2, out[-3000:]
-    died = cases["test_worker_dies_holding_the_card[spyre-eager-cb]"]
-    other = cases["test_other_worker_gets_the_card[spyre-eager-cb]"]
+    died = cases["test_worker_dies_holding_the_card[spyre-eager-cp]"]
+    other = cases["test_other_worker_gets_the_card[spyre-eager-cp]"]
     assert died.find("failure") is not None or died.find("error") is not None, out[-3000:]
     assert "crashed" in out  # xdist names the worker that died and the test it ran
     for outcome in ("failure", "error", "skipped"):  # it ran and passed: not skipped

@@ -196,6 +196,14 @@ class SpyreTarget(VllmTarget):
         return super().serves(device, backend, mode) and (device.backend or "sendnn") == backend
 
     @classmethod
+    def stack_feature_problem(cls, variant: Any, stack: str) -> str | None:
+        gen = for_stack(stack)
+        if gen is None or variant.mode in gen.modes:
+            return None
+        return (f"{variant.id} does not run on stack {stack}: {gen.name} has no mode"
+                f" {variant.mode!r} (its modes: {', '.join(gen.modes)})")
+
+    @classmethod
     def validate(cls, cfg: EngineConfig) -> None:
         super().validate(cfg)
         if cfg.mode == "sb":

@@ -44,3 +44,15 @@ def test_the_right_platform_passes():
     info = {"platform_module": "sendnn_inference.platform", "platform": "SpyrePlatform"}
     assert platform_problem(SENDNN_INFERENCE, info, "spyre-eager-cp") is None
     assert platform_problem(None, info, "vllm-cpu") is None
+
+
+def test_a_mode_the_stacks_plugin_lacks_is_a_skip_naming_the_generation():
+    from harness.targets.spyre.kind import SpyreTarget
+    from harness.targets.variants import VARIANTS
+
+    why = SpyreTarget.stack_feature_problem(VARIANTS["spyre-eager-cb"], "default")
+    assert why == ("spyre-eager-cb does not run on stack default: sendnn-inference 2.x has no"
+                   " mode 'cb' (its modes: cp, pc)")
+    assert SpyreTarget.stack_feature_problem(VARIANTS["spyre-eager-pc"], "default") is None
+    assert "no mode 'pc'" in SpyreTarget.stack_feature_problem(VARIANTS["spyre-eager-pc"], "spyre-1.10")
+    assert SpyreTarget.stack_feature_problem(VARIANTS["spyre-eager-cb"], "spyre-1.10") is None
