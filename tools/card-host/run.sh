@@ -39,7 +39,8 @@ if [ "$(cat "$IMAGE/.card-image-stamp" 2>/dev/null)" != "$stamp" ]; then
   "$BASE_PY" -m venv --without-pip "$IMAGE"
   site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "$base_site" > "$site/card-image-base.pth"   # the image's preinstalled stack
-  "$PY" -c 'import vllm, vllm_spyre, torch, pip' # the stack is there before the harness
+  # the stack is there before the harness: vLLM and a Spyre plugin of either generation
+  "$PY" -c 'import importlib.util as u, vllm, torch, pip; assert u.find_spec("sendnn_inference") or u.find_spec("vllm_spyre"), "no Spyre plugin in the base stack"'
   mkdir -p "$WORK/src"
   (cd "$REPO" && tree_files harness fixtures emulation pyproject.toml README.md \
      | tar -cf - -T -) | tar -C "$WORK/src" -xf -

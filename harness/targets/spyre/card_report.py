@@ -15,13 +15,14 @@ from typing import Any
 
 from harness.stacks.host import default_stack, host_python
 from harness.targets.spyre.card import card_env, torch_sendnn_status
+from harness.targets.spyre.generations import GENERATIONS
 
 _PROBE = (
     "import json, importlib.util as u\n"
     "from harness.targets.spyre.card import torch_sendnn_status\n"
     "v, p = torch_sendnn_status()\n"
     "print(json.dumps({'version': v, 'problem': p,"
-    " 'vllm_spyre': u.find_spec('vllm_spyre') is not None}))\n"
+    " 'plugin': any(u.find_spec(m) for m in ('sendnn_inference', 'vllm_spyre'))}))\n"
 )
 
 
@@ -40,16 +41,16 @@ def engine_python_sendnn() -> tuple[str | None, str | None]:
     python = host_python()
     if python is None or Path(python).resolve() == Path(sys.executable).resolve():
         version, problem = torch_sendnn_status()
-        if problem is None and importlib.util.find_spec("vllm_spyre") is None:
-            problem = "vllm-spyre is not installed in this Python"
+        if problem is None and not any(importlib.util.find_spec(g.module) for g in GENERATIONS):
+            problem = "no Spyre plugin (sendnn-inference or vllm-spyre) is installed in this Python"
         return version, problem
     proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
         return None, f"{python} cannot import the harness ({last}); pip install it there"
     out = json.loads(proc.stdout)
-    if out["problem"] is None and not out["vllm_spyre"]:
-        return out["version"], f"vllm-spyre is not installed in {python}"
+    if out["problem"] is None and not out["plugin"]:
+        return out["version"], f"no Spyre plugin (sendnn-inference or vllm-spyre) is installed in {python}"
     return out["version"], out["problem"]
 
 
@@ -65,7 +66,8 @@ def card_stack_lines(inv: Any) -> tuple[list[str], bool]:
     """Report lines and whether the stack can drive the inventory's cards."""
     stack = os.environ.get("HIL_STACK") or default_stack()
     python = host_python() or sys.executable
-    versions = ", ".join(f"{d} {_version(d)}" for d in ("torch", "vllm", "vllm-spyre", "transformers"))
+    dists = ("torch", "vllm", *(g.distribution for g in GENERATIONS), "transformers")
+    versions = ", ".join(f"{d} {v}" for d in dists if (v := _version(d)) != "not installed")
     version, problem = engine_python_sendnn()
     lines = [f"stack: {stack} (engines run in {python}; {versions})",
              f"torch_sendnn: {version or 'MISSING'}" + (f" -- {problem}" if problem else "")]

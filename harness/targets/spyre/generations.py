@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,8 +112,8 @@ def _installed_in(python: str) -> frozenset[str]:
 
 def for_stack(stack: str) -> PluginGeneration | None:
     """The generation ``stack`` carries; None when it has no Spyre plugin."""
-    if stack == host_stack.HOST:
-        return by_distribution(set(_installed_in(host_stack.host_python())))
+    if stack == host_stack.HOST:  # the given Python, else the one running the harness
+        return by_distribution(set(_installed_in(host_stack.host_python() or sys.executable)))
     try:
         versions = load_stack(stack).versions
     except Exception:  # an unknown stack is refused elsewhere with its own message
