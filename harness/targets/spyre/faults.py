@@ -93,6 +93,12 @@ def runner_preemption(config: dict[str, Any]) -> None:
     """vllm-spyre's runner has no preemption path: give it the narrowest one (it drops the
     preempted request and prefills it again; harness.targets.spyre.resume). Not for
     sendnn-inference 2.x, whose scheduler promises blocks ahead and pauses instead: refused."""
+    gen = installed_generation()
+    if gen.kv_home == "scheduler":
+        raise ValueError(f"{gen.name} has no path for a preemption by vLLM's scheduler (its"
+                         " scheduler promises every block a request can need and pauses"
+                         " instead), and the harness gives its runner none: a forced preemption"
+                         " is a vllm-spyre 1.x control")
     handle_preemption_in_runner(_runner_class())
 
 

@@ -249,7 +249,7 @@ def test_missing_torch_sendnn_is_a_stack_problem_not_a_broken_card(tmp_path: Pat
     inv = tmp_path / "inv.toml"
     inv.write_text(fake_device_tree.inventory_text(addresses))
     run = run_suite(tmp_path, "suites/test_token_equality.py", "-m", "spyre", "--model", "tiny-llama",
-                    "-k", "single and not one-token and cb", "--inventory", str(inv),
+                    "-k", "single and not one-token and cp", "--inventory", str(inv),
                     "--device-root", str(tmp_path / "root"), "--require-device")
     assert run.returncode == 1, run.output[-2000:]
     (message,) = run.messages.values()

@@ -220,3 +220,9 @@ def test_a_1x_runner_fault_names_the_2x_faults_on_sendnn_inference(monkeypatch):
 def test_the_ledger_pool_hook_leaves_2x_to_vllms_pool(monkeypatch):
     monkeypatch.setattr(faults_1x, "runner_module", lambda: SimpleNamespace())
     assert faults_1x.tag_runner_pool({}) is None
+
+
+def test_a_forced_preemption_is_refused_on_2x(monkeypatch):
+    monkeypatch.setattr(faults_1x, "installed_generation", lambda: SENDNN_INFERENCE)
+    with pytest.raises(ValueError, match="sendnn-inference 2.x has no path for a preemption"):
+        faults_1x.runner_preemption({})
