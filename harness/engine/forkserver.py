@@ -9,7 +9,8 @@ harness.in_engine.process`` would:
 - vLLM's platform and plugins are not resolved in the parent:
   ``vllm.platforms.current_platform`` is guarded while preloading, so any module
   whose import would resolve it is left for the child (which resolves it from its
-  own ``VLLM_PLUGINS``); a parent whose platform got resolved anyway is not used.
+  own ``VLLM_PLUGINS``) or for a platform parent (on vLLM 0.28, ``import vllm``
+  itself); a parent whose platform got resolved anyway is not used.
 - The child's environment is exactly the one a fresh process gets (the caller's,
   PYTHONPATH included, with the target's variables on top). Variables read at import
   time are fixed in the parent, so every variable but the late ones (``VLLM_*``,

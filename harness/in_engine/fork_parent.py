@@ -3,8 +3,9 @@ harness.in_engine.fork_parent ADDRESS [--platform]``): it imports torch, transfo
 once, without resolving vLLM's platform unless it is a platform parent, then forks one engine
 process (``harness.in_engine.process``) per request from the harness side
 (``harness.engine.forkserver``). A module whose import would resolve the platform is left for
-the child. What each kind's plugin adds once its platform is resolved is the kind's own
-(``plugin_preload`` of the kinds in ``harness.targets``).
+the child, or for the platform parent forked from this one (on vLLM 0.28 that is all of vLLM:
+``import vllm`` reads the platform). What each kind's plugin adds once its platform is resolved
+is the kind's own (``plugin_preload`` of the kinds in ``harness.targets``).
 """
 
 from __future__ import annotations
@@ -177,8 +178,10 @@ def _guard_platform() -> Any:
         def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
             if fullname != "vllm.platforms":
                 return None
+            spec = None
             for finder in sys.meta_path:
-                spec = None if finder is self else finder.find_spec(fullname, path, target)
+                find = None if finder is self else getattr(finder, "find_spec", None)
+                spec = find(fullname, path, target) if find is not None else None
                 if spec is not None:
                     break
             if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):

@@ -1,16 +1,18 @@
-"""The emulated card host end to end (tools/card-host/run.sh): every card suite runs with no skip,
-one live engine per card, each configuration started once per card; and the checks still bite
+"""The emulated card host end to end (tools/card-host/run.sh): every card suite runs on every card
+mode the image's plugin generation has, one live engine per card, each configuration started
+once per card, and the modes it lacks skip naming the generation; and the checks still bite
 there: one injected fault per suite fails, and an engine on another card fails the verification.
 
-The card image is built on the spyre-1.10 stack (vllm-spyre 1.x): run.sh's image check imports
-vllm_spyre, and its selection covers the sb, cb and cp card modes, of which sendnn-inference 2.x
-(the default stack) keeps only cp. Its image lives in its own folder, apart from one built on
-another stack."""
+The card image is built on the default stack (sendnn-inference 2.x: cp and pc), as run.sh builds
+it, and on the spyre-1.10 stack (vllm-spyre 1.x: sb, cb and cp), whose image lives in its own
+folder (run.sh's image stamp does not cover the base stack). The faults and the verification run
+on the default stack's image, on cp."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -25,17 +27,28 @@ from tests.suite_runner import SPYRE_1X_STACK, needs_spyre_1x
 ROOT = REPO_ROOT
 RUN_SH = ROOT / "tools" / "card-host" / "run.sh"
 
-pytestmark = [pytest.mark.e2e, pytest.mark.card_host, pytest.mark.timeout(1500), needs_spyre_1x]
-# The card image's preinstalled stack (HIL_CARD_HOST_BASE_PYTHON) and its own work folder.
-CARD_IMAGE_ENV = {
-    "HIL_CARD_HOST_BASE_PYTHON": str(stack_python(SPYRE_1X_STACK)),
-    "HIL_CARD_HOST_DIR": str(ROOT / ".hil-cache" / f"card-host-{SPYRE_1X_STACK}"),
+pytestmark = [pytest.mark.e2e, pytest.mark.card_host, pytest.mark.timeout(1500)]
+
+# base stack -> (its plugin generation, the card modes it runs, tests run.sh's selection passes)
+BASES = {
+    "default": ("sendnn-inference 2.x", ("cp", "pc"), 12),
+    SPYRE_1X_STACK: ("vllm-spyre 1.x", ("sb", "cb", "cp"), 15),
 }
 
 
-def card_host(run_dir: Path, *args: str) -> tuple[int, str, dict[str, tuple[str, str]], list[dict]]:
-    """Run the card host; (rc, output, test name -> (outcome, message), card ledger events)."""
-    env = {**os.environ, **CARD_IMAGE_ENV, "HIL_CARD_HOST_RUN_DIR": str(run_dir),
+def image_env(base: str) -> dict[str, str]:
+    """The card image's preinstalled stack and work folder: run.sh's own for the default stack."""
+    if base == "default":
+        return {}
+    return {"HIL_CARD_HOST_BASE_PYTHON": str(stack_python(base)),
+            "HIL_CARD_HOST_DIR": str(ROOT / ".hil-cache" / f"card-host-{base}")}
+
+
+def card_host(run_dir: Path, *args: str, base: str = "default"
+              ) -> tuple[int, str, dict[str, tuple[str, str]], list[dict]]:
+    """Run the card host on ``base``'s image; (rc, output, test name -> (outcome, message),
+    card ledger events)."""
+    env = {**os.environ, **image_env(base), "HIL_CARD_HOST_RUN_DIR": str(run_dir),
            "HIL_CARD_HOST_NO_DEVICES_CHECK": "1"}
     proc = subprocess.run(["bash", str(RUN_SH), *args], capture_output=True, text=True, env=env,
                           timeout=1400)
@@ -55,13 +68,21 @@ def card_host(run_dir: Path, *args: str) -> tuple[int, str, dict[str, tuple[str,
     return proc.returncode, proc.stdout + proc.stderr, results, events
 
 
-def test_every_card_suite_runs_on_two_cards_one_engine_each(tmp_path: Path) -> None:
-    rc, out, results, events = card_host(tmp_path / "run")
+@pytest.mark.parametrize("base", ["default", pytest.param(SPYRE_1X_STACK, marks=needs_spyre_1x)])
+def test_every_card_suite_runs_on_two_cards_one_engine_each(tmp_path: Path, base: str) -> None:
+    generation, modes, passing = BASES[base]
+    rc, out, results, events = card_host(tmp_path / "run", base=base)
     assert rc == 0, out[-4000:]
-    outcomes = {o for o, _ in results.values()}
-    assert outcomes == {"passed"}, {k: v for k, v in results.items() if v[0] != "passed"}
+    for name, (outcome, message) in results.items():
+        mode = re.search(r"spyre-sendnn-(\w+)", name)
+        assert mode, name
+        if mode.group(1) in modes:
+            assert outcome == "passed", (name, message[:2000])
+        else:
+            assert outcome == "skipped", (name, outcome, message[:2000])
+            assert f"does not run on stack host: {generation} has no mode" in message, message
+    assert sum(o == "passed" for o, _ in results.values()) == passing, sorted(results)
     suites = {"token_equality", "no_recompute", "block_freeing", "capacity"}
-    assert len(results) == 15, sorted(results)
     assert {s for s in suites if (tmp_path / "run" / "suites" / f"test_{s}.py").exists()} == suites
     assert ledger_problems(events) == []  # one live engine per card, each configuration once
     assert {e["device"] for e in events} == {"card0", "card1"}
@@ -75,11 +96,11 @@ def _one_failure(results: dict[str, tuple[str, str]], out: str) -> str:
 
 
 @pytest.mark.parametrize("selection, fault, message, category", [
-    ("token_equality and cb-pair", "perturb-logit:position=3", "not a near-tie", "token mismatch"),
-    ("back-to-idle and cb", "forget-free", "kv invariant conservation broken at step", "block leak"),
-    ("no_recompute and cb-64-2", "forget-free", "kv invariant conservation broken at step",
+    ("token_equality and cp-pair", "perturb-logit:position=3", "not a near-tie", "token mismatch"),
+    ("back-to-idle and cp", "forget-free", "kv invariant conservation broken at step", "block leak"),
+    ("no_recompute and cp-64-2", "forget-free", "kv invariant conservation broken at step",
      "block leak"),
-    ("capacity and refuses and cb", "crash-engine:when=start", "died with exit code",
+    ("capacity and refuses and cp", "crash-engine:when=start", "died with exit code",
      "engine crash / harness error"),
 ])
 def test_a_fault_fails_each_suite_on_the_emulated_card(tmp_path: Path, selection: str, fault: str,
@@ -96,7 +117,7 @@ def test_a_fault_fails_each_suite_on_the_emulated_card(tmp_path: Path, selection
 def test_an_engine_on_another_card_fails_the_verification(tmp_path: Path) -> None:
     # The fault points the runtime at card1 while the harness leased card0.
     rc, out, results, _ = card_host(
-        tmp_path / "run", "-k", "token_equality and cb-pair",
+        tmp_path / "run", "-k", "token_equality and cp-pair",
         "--inject-fault", "open-other-card:address=0000:3c:00.0")
     assert rc == 1, out[-4000:]
     text = _one_failure(results, out)

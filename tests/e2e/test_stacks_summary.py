@@ -5,7 +5,8 @@ targets that cannot force listed outside the table).
 
 The default stack (sendnn-inference 2.x) runs Spyre decoders in chunked prefill only
 (spyre-eager-cp); continuous batching (spyre-eager-cb) is the legacy stack's, and neither
-stack has the other's mode."""
+stack has the other's mode. A card target of a mode the stack has (spyre-sendnn-cp on the
+default stack) skips for the missing device."""
 
 from __future__ import annotations
 
@@ -35,12 +36,21 @@ def section(text: str, heading_start: str) -> str:
     return "\n".join(lines[start:end])
 
 
+def matrix_cells(matrix: str) -> dict[tuple[str, str], dict[str, str]]:
+    """(stack, target) -> suite -> cell of the matrix table (its header row names the suites)."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in matrix.splitlines() if line.startswith("| ")]
+    header, body = rows[0], rows[1:]
+    assert header[:2] == ["stack", "target"], header
+    return {(r[0], r[1]): dict(zip(header[2:], r[2:], strict=True)) for r in body}
+
+
 def test_two_stacks_make_one_summary_with_every_stacks_tables(tmp_path):
     reports = tmp_path / "reports"
     proc = subprocess.run(
         [sys.executable, "-m", "harness.cli", "run", "--reports-dir", str(reports),
          "--stacks", f"default,{LEGACY}", "--model", "tiny-llama",
-         "--target", "vllm-cpu,spyre-eager-cp,spyre-eager-cb,spyre-sendnn-cb",
+         "--target", "vllm-cpu,spyre-eager-cp,spyre-eager-cb,spyre-sendnn-cp",
          "-k", "single-one-token or refuses_too_few_blocks"],
         cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -48,18 +58,27 @@ def test_two_stacks_make_one_summary_with_every_stacks_tables(tmp_path):
     assert text.startswith(f"# vllm-hil run: 2 stacks (default, {LEGACY})"), text[:500]
 
     matrix = section(text, "## Stacks, suites and targets")
-    assert "| stack | target | block_freeing | capacity | no_recompute | token_equality |" in matrix
-    assert "| default | vllm-cpu | — | — | — | 1 passed |" in matrix
-    assert "| default | spyre-eager-cp | — | 1 passed | — | 1 passed |" in matrix
-    assert ("| default | spyre-eager-cb | — | skipped: stack without the feature | — |"
-            " skipped: stack without the feature |") in matrix
-    assert ("| default | spyre-sendnn-cb | — | skipped: device missing | — |"
-            " skipped: device missing |") in matrix
-    assert (f"| {LEGACY} | spyre-eager-cb | — | skipped: stack without the feature | — |"
-            " 1 passed |") in matrix
-    assert (f"| {LEGACY} | spyre-eager-cp | — | skipped: stack without the feature | — |"
-            " skipped: stack without the feature |") in matrix
-    assert f"| {LEGACY} | vllm-cpu | — | — | — | skipped: stack without the feature |" in matrix
+    cells = matrix_cells(matrix)
+    suites = ("block_freeing", "capacity", "no_recompute", "token_equality")
+    assert set(suites) <= set(next(iter(cells.values()))), matrix
+    lacks = "skipped: stack without the feature"
+    missing = "skipped: device missing"
+    expected = {  # (stack, target) -> (capacity, token_equality); the other suites: —
+        ("default", "vllm-cpu"): ("—", "1 passed"),
+        ("default", "spyre-eager-cp"): ("1 passed", "1 passed"),
+        ("default", "spyre-eager-cb"): (lacks, lacks),
+        ("default", "spyre-sendnn-cp"): (missing, missing),
+        (LEGACY, "vllm-cpu"): ("—", lacks),
+        (LEGACY, "spyre-eager-cb"): (lacks, "1 passed"),
+        (LEGACY, "spyre-eager-cp"): (lacks, lacks),
+        (LEGACY, "spyre-sendnn-cp"): (lacks, lacks),
+    }
+    assert set(cells) == set(expected), matrix
+    for key, (capacity, token_equality) in expected.items():
+        row = cells[key]
+        assert (row["capacity"], row["token_equality"]) == (capacity, token_equality), (key, matrix)
+        assert {v for k, v in row.items() if k not in ("capacity", "token_equality")} == {"—"}, \
+            (key, matrix)
 
     skips = section(text, "## Skipped tests by reason")
     device = skips.split("### stack without the feature")[0]

@@ -7,6 +7,9 @@ import json
 from typing import Any
 
 from harness.core.paths import REPO_ROOT
+from harness.stacks.spec import DEFAULT_STACK
+from harness.targets import KINDS
+from harness.targets.variants import VARIANTS
 
 ROOT = REPO_ROOT
 
@@ -61,3 +64,8 @@ def test_start_figures_are_median_and_nearest_rank_p90():
     fig = bench.start_figures([1.0, 9.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0])
     assert (fig["n"], fig["median"], fig["p90"]) == (10, 5.5, 9.0)
     assert bench.start_figures([])["median"] is None
+
+
+def test_the_bench_starts_a_spyre_eager_variant_the_default_stack_runs():
+    vid = load_bench().spyre_eager()
+    assert KINDS["spyre"].stack_feature_problem(VARIANTS[vid], DEFAULT_STACK) is None

@@ -1,13 +1,18 @@
 """The fork server's rules, without engines: which variables key a preloaded parent, how many
-parents are kept, when a child is not forked from one, and the fresh-process fallback."""
+parents are kept, when a child is not forked from one, the fresh-process fallback, and what a
+platform-free parent leaves to its children."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
+from harness.core.paths import REPO_ROOT
 from harness.engine import forkserver
 from harness.engine.forkserver import ForkedProcess, ForkServerError, late, parent_env, platform_key
 
@@ -76,3 +81,64 @@ def test_a_fork_server_that_cannot_start_falls_back_to_a_fresh_process(tmp_path,
                                    tmp_path / "log", open(tmp_path / "log", "ab"))
     assert not isinstance(proc, ForkedProcess)
     assert proc.wait(timeout=30) == 0
+
+
+# A stand-in vllm whose platform is resolved lazily, as vLLM's is; ``import vllm`` reads it
+# where NEW (vLLM 0.28: vllm.utils.torch_utils), else only the submodule ``vllm.reader`` does.
+_PLATFORMS = '''
+_current_platform = None
+def __getattr__(name):
+    global _current_platform
+    if name == "current_platform":
+        if _current_platform is None:
+            _current_platform = "resolved"
+        return _current_platform
+    raise AttributeError(name)
+'''
+_PRELOAD_IN_A_CHILD = '''
+import json, os, sys
+from harness.in_engine.fork_parent import preload
+report = preload(("json", "vllm", "vllm.reader", "vllm.quiet"))
+left = sorted(m for m in sys.modules if m.split(".")[0] == "vllm")
+import vllm.quiet  # what the child does: the package imports whole, the platform resolves
+from vllm.platforms import current_platform
+print(json.dumps({"skipped": report["skipped"], "resolved": report["platform_resolved"],
+                  "left": left, "later": current_platform, "attr": vllm.quiet.OK}))
+'''
+
+
+@pytest.mark.parametrize("new", [True, False], ids=["import-vllm-reads-it", "a-submodule-reads-it"])
+def test_a_platform_free_parent_leaves_what_reads_the_platform_and_no_half_imported_package(
+        tmp_path, new):
+    pkg = tmp_path / "vllm"
+    (pkg / "platforms").mkdir(parents=True)
+    (pkg / "platforms" / "__init__.py").write_text(_PLATFORMS)
+    (pkg / "envs.py").write_text("X = 1\n")
+    (pkg / "quiet.py").write_text("import vllm.envs\nOK = vllm.envs.X\n")
+    (pkg / "reader.py").write_text("from vllm.platforms import current_platform\n")
+    (pkg / "__init__.py").write_text("import vllm.envs\n" + ("import vllm.reader\n" if new else ""))
+    out = subprocess.run([sys.executable, "-c", _PRELOAD_IN_A_CHILD], cwd=REPO_ROOT, text=True,
+                         capture_output=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["resolved"] is False and got["later"] == "resolved" and got["attr"] == 1
+    if new:  # the package's own import reads it: nothing of it stays, every module is left
+        assert got["skipped"]["vllm"] == "resolves the platform at import (read by vllm.reader)"
+        assert set(got["skipped"]) == {"vllm", "vllm.reader", "vllm.quiet"}
+        assert got["left"] == []
+    else:  # only the module that reads it is left to the child
+        assert set(got["skipped"]) == {"vllm.reader"}
+        assert "vllm" in got["left"] and "vllm.reader" not in got["left"]
+
+
+def test_an_unfit_parent_is_reported_in_one_line_with_what_it_skipped():
+    report = {"read": ["PATH"] * 500, "platform_resolved": True, "threads": 1,
+              "skipped": {"gguf": "ModuleNotFoundError: No module named 'gguf'",
+                          "vllm": "resolves the platform at import (read by vllm.utils.torch_utils)",
+                          "vllm.envs": "its package vllm ...", "vllm.config": "its package vllm ..."}}
+    assert forkserver.unfit_reason(report) == (
+        "its imports resolved vLLM's platform (skipped: gguf (ModuleNotFoundError: No module named"
+        " 'gguf'), vllm (resolves the platform at import (read by vllm.utils.torch_utils); and 2 of"
+        " its modules))")
+    assert forkserver.unfit_reason({"threads": 3}) == "3 threads after its imports"
