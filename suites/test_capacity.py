@@ -20,7 +20,6 @@ from harness.checks.capacity import (
     blocks_needed,
     check_pool_serves_full_batch,
     check_reservations_fill_pool,
-    spyre_cb_reservation,
 )
 from harness.checks.preemption import (
     check_full_batch,
@@ -31,7 +30,7 @@ from harness.core.errors import EngineStartError
 from harness.scenario.prompts import EngineLimits, shaped_scenario
 from harness.targets import kind
 from harness.targets.full_batch import full_batch_scenario
-from harness.targets.geometry import CPU_BLOCK_SIZE, FULL_BATCH
+from harness.targets.geometry import FULL_BATCH
 
 pytestmark = [pytest.mark.capacity, pytest.mark.nightly, pytest.mark.timeout(900)]
 
@@ -46,8 +45,9 @@ def full_length_scenario(model, max_num_seqs=2):
 @pytest.mark.hil_targets("vllm-cpu")
 def test_override_below_one_request_is_refused_before_start(hil, model, target_variant):
     scenario = full_length_scenario(model)
-    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK_SIZE)
-    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK_SIZE,
+    block_size = hil.block_size(target_variant)  # the size the stack's vLLM takes
+    need = blocks_needed(MAX_MODEL_LEN, 2, block_size)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=block_size,
                                num_blocks_override=need.one_request - 1)
 
     with pytest.raises(CapacityError) as refused:
@@ -62,8 +62,9 @@ def test_override_below_one_request_is_refused_before_start(hil, model, target_v
 @pytest.mark.hil_targets("vllm-cpu")
 def test_exactly_one_request_plus_pad_block_serves_a_full_length_request(hil, model, target_variant):
     scenario = full_length_scenario(model)
-    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK_SIZE)
-    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK_SIZE,
+    block_size = hil.block_size(target_variant)  # the size the stack's vLLM takes
+    need = blocks_needed(MAX_MODEL_LEN, 2, block_size)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=block_size,
                                num_blocks_override=need.one_request)
 
     trace = hil.run_steps(engine, scenario)
@@ -114,8 +115,9 @@ def test_one_block_below_the_full_batch_pool_preempts(hil, model, target_variant
     """The other side of the edge: the formula's full batch minus one block cannot hold
     the batch, and vLLM must preempt (every signal must see it; tokens still equal)."""
     scenario = full_batch(model, target_variant)
-    need = blocks_needed(MAX_MODEL_LEN, 2, CPU_BLOCK_SIZE)
-    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK_SIZE,
+    block_size = hil.block_size(target_variant)  # the size the stack's vLLM takes
+    need = blocks_needed(MAX_MODEL_LEN, 2, block_size)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=block_size,
                                num_blocks_override=need.full_batch - 1)
 
     trace = hil.run_steps(engine, scenario)
@@ -141,8 +143,9 @@ def test_reservations_at_the_edge_of_the_pool(hil, model, target_variant, side):
     limits = EngineLimits(MAX_MODEL_LEN, seqs, cp_chunk=128)
     scenario = shaped_scenario("reservation-edge", model.tokenizer, EDGE_SHAPES, limits)
     tkv = max(p for p, _, _ in EDGE_SHAPES)
-    block_size = kind(target_variant.target).geometry().block_size
-    reserved = sum(spyre_cb_reservation(tkv, p, n, block_size) for p, n, _ in EDGE_SHAPES)
+    target = kind(target_variant.target)
+    block_size = target.geometry().block_size
+    reserved = sum(target.join_reservation(tkv, p, n, block_size) for p, n, _ in EDGE_SHAPES)
     pool = reserved + 1  # the pad block
     assert pool % seqs == 0, "the edge pool must survive vllm-spyre's rounding"
     if side == "one_step_below":

@@ -19,7 +19,7 @@ from harness.checks.capacity import blocks_needed
 from harness.checks.preemption import check_full_batch, check_no_preemption, check_preemption_seen
 from harness.scenario.prompts import EngineLimits, shaped_scenario
 from harness.targets.full_batch import full_batch_scenario as fill_batch
-from harness.targets.geometry import CPU_BLOCK_SIZE, FULL_BATCH
+from harness.targets.geometry import FULL_BATCH
 
 pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout(1800)]
 
@@ -85,9 +85,10 @@ def test_negative_control_decode_growth_preempts(hil, model, target_variant, max
     prompt_len = 64
     scenario = full_batch_scenario(model, target_variant, max_num_seqs, prompt_len)
     # Enough for every prompt (and for one request to run to full length alone), no more.
-    need = blocks_needed(MAX_MODEL_LEN, max_num_seqs, CPU_BLOCK_SIZE)
-    prompts = max_num_seqs * math.ceil((prompt_len + 1) / CPU_BLOCK_SIZE) + need.pad_blocks
-    engine = hil.engine_config(target_variant, model, scenario, block_size=CPU_BLOCK_SIZE,
+    block_size = hil.block_size(target_variant)  # the size the stack's vLLM takes
+    need = blocks_needed(MAX_MODEL_LEN, max_num_seqs, block_size)
+    prompts = max_num_seqs * math.ceil((prompt_len + 1) / block_size) + need.pad_blocks
+    engine = hil.engine_config(target_variant, model, scenario, block_size=block_size,
                                num_blocks_override=max(prompts, need.one_request))
 
     trace = hil.run_steps(engine, scenario)

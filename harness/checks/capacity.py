@@ -93,10 +93,10 @@ def full_batch_shortfall(need: BlockNeed, num_blocks: int) -> str | None:
 def preflight_config(cfg: EngineConfig) -> None:
     """Refuse, before start, an override that cannot serve one full-length request.
 
-    Only where the stack does not check it itself: vLLM 0.17 accepts any
-    ``num_gpu_blocks_override``; vllm-spyre refuses too few blocks at start.
+    Called where the stack does not check it itself (a kind that does says
+    ``refuses_small_pool``): vLLM 0.17 accepts any ``num_gpu_blocks_override``.
     """
-    if cfg.target == "spyre" or cfg.num_blocks_override is None or cfg.block_size is None:
+    if cfg.num_blocks_override is None or cfg.block_size is None:
         return
     need = blocks_needed(cfg.max_model_len, cfg.max_num_seqs, cfg.block_size)
     preflight(need, cfg.num_blocks_override, "num_gpu_blocks_override")
@@ -145,14 +145,6 @@ def check_capacity(cfg: EngineConfig, info: dict[str, Any]) -> None:
 
 
 FILLED = f"{CAPACITY}.filled"
-
-
-def spyre_cb_reservation(tkv: int, prompt_len: int, max_tokens: int, block_size: int) -> int:
-    """Blocks vllm-spyre's continuous batching reserves for a request when it joins a batch
-    at ``tkv``: its worst case, every token up to ``max_tokens`` (the last one is never fed
-    back), from the batch's tkv, less the blocks that are only its left padding."""
-    worst = math.ceil((tkv + max_tokens - 1) / block_size)
-    return worst - (tkv - prompt_len) // block_size
 
 
 def check_reservations_fill_pool(trace: Any, max_num_seqs: int) -> Verdict:

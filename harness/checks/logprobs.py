@@ -9,9 +9,11 @@ reference's token must be within ``tol`` (absolute, in nats) of the
 reference's own. A token the device did not record at that position (outside
 its top-k) counts as an infinite deviation.
 
-Tolerances are per backend (``DEFAULT_TOLS``): the CPU paths compute in fp32
-like the reference and only differ by summation order, so their tolerance is
-tight; a card computes in fp16 or bf16, so its tolerance is wider.
+Tolerances are per precision: the CPU paths compute in fp32 like the reference
+and only differ by summation order, so their tolerance (``TOL_FP32``) is tight; a
+card computes in fp16 or bf16, so its tolerance (``TOL_CARD``) is wider. Which
+backend computes in which precision is the kind's declaration
+(``TargetKind.reduced_precision_backends``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ TOL_FP32 = 0.01
 # fp16/bf16 devices against the fp32 reference: rounding of 1e-3 relative per op adds up
 # over the layers; vllm-spyre's own suite accepts logprob differences of this order.
 TOL_CARD = 0.5
-DEFAULT_TOLS = {"vllm-cpu": TOL_FP32, "eager": TOL_FP32, "sendnn": TOL_CARD, "neuron": TOL_CARD}
 
 
 @dataclass(frozen=True)
@@ -48,22 +49,13 @@ class LogprobPolicy:
         return f"logprob tol={self.tol:g} nats{where}"
 
 
-def backend_of(target_label: str) -> str:
-    """The backend a trace's target label names: sendnn, eager, neuron or vllm-cpu."""
-    for backend in ("sendnn", "eager", "neuron"):
-        if f"-{backend}" in target_label or target_label.startswith(backend):
-            return backend
-    return "vllm-cpu"
-
-
-def logprob_policy(target_label: str, tol_fp32: float | None = None,
+def logprob_policy(backend: str, reduced_precision: bool, tol_fp32: float | None = None,
                    tol_card: float | None = None) -> LogprobPolicy:
-    """The policy for a trace of ``target_label``: ``tol_fp32`` on the fp32 CPU paths
-    (vllm-cpu, spyre eager), ``tol_card`` on cards (sendnn, neuron); None: the default."""
-    backend = backend_of(target_label)
-    fp32 = backend in ("vllm-cpu", "eager")
-    given = tol_fp32 if fp32 else tol_card
-    return LogprobPolicy(DEFAULT_TOLS[backend] if given is None else given, backend)
+    """The policy for a trace of ``backend``: ``tol_fp32`` where it computes in fp32 like the
+    reference, ``tol_card`` where it computes in a lower precision; None: the default."""
+    if reduced_precision:
+        return LogprobPolicy(TOL_CARD if tol_card is None else tol_card, backend)
+    return LogprobPolicy(TOL_FP32 if tol_fp32 is None else tol_fp32, backend)
 
 
 def own_logprob(step: TokenStep) -> float:

@@ -43,6 +43,8 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import IO, Any
 
+from harness.targets import late_env_prefixes
+
 log = logging.getLogger("harness.engine")
 
 START_ENV = "HIL_ENGINE_START"  # "platform" (default), "preload" or "fresh"
@@ -50,9 +52,10 @@ MODES = ("platform", "preload", "fresh")
 READY_TIMEOUT = 300.0
 
 # Read when the engine is built (after the fork), not when modules are imported; the
-# parent's record of what its imports read backs this up.
+# parent's record of what its imports read backs this up. Each kind adds its stack's own
+# (``TargetKind.late_env_prefixes``: a plugin's and its runtime's variables).
 # PYTEST_CURRENT_TEST changes with every test: it must not make a parent per test.
-LATE_PREFIXES = ("VLLM_", "HIL_", "NEURON_", "AIU_", "MASTER_", "SPYRE_", "FLEX_", "DT_", "PYTEST_")
+LATE_PREFIXES = ("VLLM_", "HIL_", "MASTER_", "PYTEST_", *late_env_prefixes())
 MAX_PARENTS = 3  # live platform-free parents per process; the least recently used is stopped
 # Read by native libraries when loaded (OpenMP, allocators, loader): always in the key.
 NATIVE_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "LD_", "MALLOC_", "PYTHON")

@@ -103,7 +103,8 @@ class EnginePool:
             self.discard(next(iter(self._live)))
         python, stack_env, stack_kwargs = stack_runtime(cfg)
         try:
-            preflight_config(cfg)
+            if not target.refuses_small_pool:
+                preflight_config(cfg)
         except CapacityError as e:
             self._failed[key] = e
             raise

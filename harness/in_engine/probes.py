@@ -1,43 +1,23 @@
-"""Engine-side probes: read the KV block ledgers of a live vLLM or vllm-spyre engine.
+"""Engine-side probes: read the KV block ledgers of a live vLLM engine.
 
-Each adapter reads a live object (vLLM's scheduler, vllm-spyre's continuous-batching
-model runner, or the legacy 0.3.x-0.4.0 runner) and never changes it; it returns a
-``KvSnapshot`` (``harness.core.trace``). Runs inside the engine process.
+Each adapter reads a live object and never changes it; it returns a ``KvSnapshot``
+(``harness.core.trace``). Runs inside the engine process.
 
-Where the blocks live:
-
-* vLLM V1: ``scheduler.kv_cache_manager`` (``KVCacheManager``) ->
-  ``coordinator.single_type_managers[i].req_to_blocks`` and ``block_pool``
-  (``blocks``, ``free_block_queue``, ``null_block``). Block 0 is the null block.
-* sendnn-inference 2.x (2.6.3 read and run): vLLM's scheduler pool above is the ledger
-  (block 0 is its null block, also the runner's left-padding block); the scheduler's
-  ``reserved_blocks`` are promises still outstanding, and the runner's own block table
-  (``runner.requests[id].block_ids``) is read beside it.
-* vllm-spyre 1.x (1.10.0 read and run): the runner's own ``kv_cache_manager``
-  (a vLLM ``FullAttentionManager``) and its ``block_pool``; block 0 is the pool's
-  null block and stands for padding. The vLLM scheduler's pool is a stand-in whose
-  block size is ``max_model_len``.
-* vllm-spyre 0.3.x-0.4.0: ``free_blocks`` (deque of ints), ``req_ids2blocks`` and
-  ``dummy_req_ids2blocks`` (blocks of the dummy request that pads a decode batch
-  of one to two); no pad block.
+vLLM V1 keeps its blocks in ``scheduler.kv_cache_manager`` (``KVCacheManager``) ->
+``coordinator.single_type_managers[i].req_to_blocks`` and ``block_pool`` (``blocks``,
+``free_block_queue``, ``null_block``); block 0 is the null block. A plugin that keeps
+a ledger of its own (a runner's pool, promises, a runner's block table) registers a
+reader for it (``register_runner_reader``) from its kind's probe module; the Spyre
+kind's is ``harness.targets.spyre.ledger``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from harness.core.trace import (
-    SOURCE_SPYRE_LEGACY_RUNNER,
-    SOURCE_SPYRE_RUNNER,
-    SOURCE_VLLM_SCHEDULER,
-    KvSnapshot,
-    is_dummy_id,
-)
+from harness.core.trace import SOURCE_VLLM_SCHEDULER, KvSnapshot, is_dummy_id
 from harness.in_engine.probe_delta import DeltaTracker
-
-# Owner id of the legacy runner's batch-padding dummy request (it has no request id).
-LEGACY_DUMMY_ID = "dummy"
 
 # Managers that legitimately put the null block in a request's list as a placeholder.
 _NULL_PLACEHOLDER_ATTRS = ("sliding_window", "attention_chunk_size", "mamba_cache_mode")
@@ -87,7 +67,7 @@ def _owned_from_managers(managers: Iterable[Any], null_block: Any) -> dict[str, 
     return owned
 
 
-def _dummy_ids(*id_sets: Iterable[str]) -> list[str]:
+def dummy_owner_ids(*id_sets: Iterable[str]) -> list[str]:
     seen: dict[str, None] = {}
     for ids in id_sets:
         for r in ids:
@@ -105,7 +85,7 @@ def _vllm_managers(kv_cache_manager: Any) -> list[Any]:
     return [single] if single is not None else [kv_cache_manager]
 
 
-def _pool_snapshot(
+def pool_snapshot(
     source: str,
     pool: Any,
     managers: list[Any],
@@ -126,7 +106,7 @@ def _pool_snapshot(
         num_blocks=num_blocks,
         pad_blocks=pad,
         owned=owned,
-        dummy_ids=_dummy_ids(owned, reserved or {}),
+        dummy_ids=dummy_owner_ids(owned, reserved or {}),
         reserved=reserved,
         reported_free=reported_free,
         tkv=tkv,
@@ -147,7 +127,7 @@ def _pool_snapshot(
     return snap
 
 
-def _opt_int(value: Any) -> int | None:
+def opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
@@ -163,135 +143,17 @@ def snapshot_vllm_scheduler(scheduler: Any, tracker: DeltaTracker | None = None)
     pool = kvm.block_pool
     managers = _vllm_managers(kvm)
     block_size = getattr(managers[0], "block_size", None) if managers else None
-    snap = _pool_snapshot(
+    snap = pool_snapshot(
         SOURCE_VLLM_SCHEDULER,
         pool,
         managers,
         reserved=None,
         reported_free=None,
-        tkv=_opt_int(getattr(scheduler, "tkv", None)),
-        block_size=_opt_int(block_size),
+        tkv=opt_int(getattr(scheduler, "tkv", None)),
+        block_size=opt_int(block_size),
         tracker=tracker,
     )
-    promised = getattr(scheduler, "reserved_blocks", None)
-    if isinstance(promised, dict):  # sendnn-inference 2.x: what admission still promises
-        snap.promised = {str(k): int(v) for k, v in promised.items()}
-        snap.promised_total = _opt_int(getattr(scheduler, "total_reserved_blocks", None))
-        snap.serving = [str(r) for r in list(scheduler.requests)]
     return snap
-
-
-def runner_block_table(runner: Any) -> dict[str, list[int]] | None:
-    """The block ids a sendnn-inference 2.x runner holds per request (its own copy, which it
-    pads on the left with block 0 when it builds a batch); None for other runners."""
-    table = getattr(runner, "requests", None)
-    if not isinstance(table, dict) or getattr(runner, "kv_cache_manager", None) is not None:
-        return None
-    out: dict[str, list[int]] = {}
-    for req_id, state in list(table.items()):
-        ids = getattr(state, "block_ids", None)
-        if ids is None:
-            continue
-        if ids and isinstance(ids[0], (list, tuple)):  # one list per KV cache group
-            ids = [b for group in ids for b in group]
-        out[str(req_id)] = [int(b) for b in ids]
-    return out
-
-
-def snapshot_spyre_runner(runner: Any, tracker: DeltaTracker | None = None) -> KvSnapshot:
-    """Read a vllm-spyre 1.x continuous-batching runner's ledger without changing it.
-
-    Works for ``ContinuousBatchingSpyreModelRunner`` and ``ChunkedPrefillModelRunner``.
-    ``reported_free`` is what the getter ``get_n_free_blocks()`` returns, the value
-    the runner sends the scheduler each step (CB: ``n_blocks`` minus all reservations;
-    chunked prefill: the pool's counter). ``reserved`` is ``req_ids2num_reserved_blocks``;
-    None for a chunked-prefill runner with no reservations (that runner does not reserve).
-    """
-    kvm = runner.kv_cache_manager
-    pool = kvm.block_pool
-    raw_reserved = dict(getattr(runner, "req_ids2num_reserved_blocks", None) or {})
-    chunked = hasattr(runner, "chunk_blocks_count")
-    reserved = (
-        None if chunked and not raw_reserved else {str(k): int(v) for k, v in raw_reserved.items()}
-    )
-    getter = getattr(runner, "get_n_free_blocks", None)
-    if callable(getter):
-        reported: int | None = int(getter())
-    elif hasattr(runner, "n_blocks"):
-        reported = int(runner.n_blocks) - sum((reserved or {}).values())
-    else:
-        reported = None
-    snap = _pool_snapshot(
-        SOURCE_SPYRE_RUNNER,
-        pool,
-        [kvm],
-        reserved=reserved,
-        reported_free=reported,
-        tkv=_opt_int(getattr(runner, "tkv", None)),
-        block_size=_opt_int(getattr(runner, "block_size", None)),
-        tracker=tracker,
-    )
-    # The runner's request table, read apart from its reservations (check_reported_free).
-    table = getattr(runner, "requests", None)
-    snap.serving = None if table is None else [str(r) for r in list(table)]
-    return snap
-
-
-def _legacy_total_blocks(runner: Any, ledger_ids: Iterable[int]) -> int:
-    # The KV tensors' first dimension is the pool size the device actually has.
-    try:
-        past = runner.model.model.past_key_value_states
-        return int(past[0][0].shape[0])
-    except (AttributeError, IndexError, TypeError, KeyError):
-        pass
-    n_blocks = getattr(runner, "n_blocks", None)
-    if n_blocks is not None:
-        return int(n_blocks)
-    ids = list(ledger_ids)
-    return max(len(ids), max(ids, default=-1) + 1)
-
-
-def snapshot_legacy_spyre_runner(runner: Any) -> KvSnapshot:
-    """Read a vllm-spyre 0.3.x-0.4.0 continuous-batching runner's ledger without changing it.
-
-    Request blocks come from ``req_ids2blocks``; the batch-padding dummy's blocks
-    (``dummy_req_ids2blocks``, a list of ids) are owned by ``LEGACY_DUMMY_ID``
-    (a mapping form is owned by ``dummy:<key>``). ``num_blocks`` is the first
-    dimension of the model's KV tensors when readable. No pad block, no reservations.
-    """
-    free = [int(b) for b in runner.free_blocks]
-    owned: dict[str, list[int]] = {}
-    for req_id, blocks in list(runner.req_ids2blocks.items()):
-        ids = [int(b) for b in blocks]
-        if ids:
-            owned[str(req_id)] = ids
-    dummy_ids: list[str] = []
-    dummy = getattr(runner, "dummy_req_ids2blocks", None) or []
-    if isinstance(dummy, Mapping):
-        for key, blocks in dummy.items():
-            ids = [int(b) for b in blocks]
-            if ids:
-                owned[f"dummy:{key}"] = ids
-                dummy_ids.append(f"dummy:{key}")
-    else:
-        ids = [int(b) for b in dummy]
-        if ids:
-            owned[LEGACY_DUMMY_ID] = ids
-            dummy_ids.append(LEGACY_DUMMY_ID)
-    ledger = free + [b for ids in owned.values() for b in ids]
-    block_size = getattr(runner, "BLOCK_SIZE", None) or getattr(runner, "block_size", None)
-    return KvSnapshot(
-        source=SOURCE_SPYRE_LEGACY_RUNNER,
-        num_blocks=_legacy_total_blocks(runner, ledger),
-        pad_blocks=[],
-        free_blocks=free,
-        owned=owned,
-        dummy_ids=_dummy_ids(dummy_ids, owned),
-        reserved=None,
-        reported_free=None,
-        tkv=_opt_int(getattr(runner, "tkv", None)),
-        block_size=_opt_int(block_size),
-    )
 
 
 def _model_runner(engine_core: Any) -> Any:
@@ -302,41 +164,29 @@ def _model_runner(engine_core: Any) -> Any:
     return getattr(inner, "model_runner", None)
 
 
-def is_spyre_runner(runner: Any) -> bool:
-    """True for a vllm-spyre 1.x continuous-batching runner whose block pool is set up."""
-    kvm = getattr(runner, "kv_cache_manager", None)
-    return (
-        hasattr(runner, "req_ids2num_reserved_blocks")
-        and hasattr(kvm, "req_to_blocks")
-        and hasattr(kvm, "block_pool")
-    )
+# Readers of a plugin's own ledger, registered by the kinds' probe modules
+# (``TargetKind.probe_modules``, imported in the engine process by ``harness.targets``).
+# Each reads the scheduler and the model runner beside vLLM's scheduler snapshot: it adds
+# what its plugin keeps (its own pool, promises, a runner's block table) to ``snaps`` and
+# says True, or says False for a scheduler and runner that are not its plugin's.
+RunnerReader = Callable[[Any, Any, list[KvSnapshot], "DeltaTracker | None"], bool]
+RUNNER_READERS: list[RunnerReader] = []
 
 
-def is_legacy_spyre_runner(runner: Any) -> bool:
-    """True for a vllm-spyre 0.3.x-0.4.0 continuous-batching runner."""
-    return (
-        hasattr(runner, "req_ids2blocks")
-        and hasattr(runner, "free_blocks")
-        and hasattr(runner, "dummy_req_ids2blocks")
-    )
+def register_runner_reader(reader: RunnerReader) -> RunnerReader:
+    if reader not in RUNNER_READERS:
+        RUNNER_READERS.append(reader)
+    return reader
 
 
 def snapshot_engine(engine_core: Any, tracker: DeltaTracker | None = None) -> list[KvSnapshot]:
-    """Snapshots of an in-process vLLM ``EngineCore``: the scheduler's, then the runner's.
-
-    The runner (``model_executor.driver_worker.worker.model_runner``) is read only
-    when it is a vllm-spyre continuous-batching runner, new or legacy, recognised by
-    its attributes. With vllm-spyre the scheduler's pool is a stand-in. ``tracker``
-    (one per step-driven run) lets large pools send deltas; legacy runners are always full.
-    """
+    """Snapshots of an in-process vLLM ``EngineCore``: the scheduler's, then what a registered
+    reader finds in the plugin's scheduler and model runner
+    (``model_executor.driver_worker.worker.model_runner``). ``tracker`` (one per
+    step-driven run) lets large pools send deltas."""
     snaps = [snapshot_vllm_scheduler(engine_core.scheduler, tracker)]
     runner = _model_runner(engine_core)
-    if runner is not None:
-        if snaps[0].promised is not None:  # 2.x: the scheduler's pool is the ledger
-            snaps[0].runner_blocks = runner_block_table(runner)
-        elif is_spyre_runner(runner):
-            snaps.append(snapshot_spyre_runner(runner, tracker))
-        elif is_legacy_spyre_runner(runner):
-            snaps.append(snapshot_legacy_spyre_runner(runner))
+    for reader in RUNNER_READERS:
+        if reader(engine_core.scheduler, runner, snaps, tracker):
+            break
     return snaps
-

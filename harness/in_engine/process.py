@@ -31,7 +31,7 @@ from harness.in_engine.legacy_preemptions import recorded_schedule
 from harness.in_engine.probe_delta import DeltaTracker
 from harness.in_engine.probes import snapshot_engine
 from harness.in_engine.teacher_forcing import EXTRA_ARG, forced_request_trace
-from harness.targets import kind
+from harness.targets import kind, load_probe_modules
 
 
 def _error(e: BaseException) -> tuple[str, dict[str, str]]:
@@ -93,6 +93,7 @@ class EngineSide:
         device = os.environ.get("HIL_DEVICE_ID", "cpu (shared)")
         print(f"[hil] engine {config.get('target')} {config.get('mode') or ''} on device {device}",
               flush=True)
+        load_probe_modules()  # the kinds' readers of their plugins' own ledgers
         faults.apply_faults(list(config.get("faults", [])), config)
         # deferred: a heavy import, paid only where this runs
         from vllm import LLM

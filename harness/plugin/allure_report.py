@@ -25,7 +25,7 @@ from allure_commons import plugin_manager
 from allure_commons.types import AttachmentType
 from allure_commons.utils import uuid4
 
-from harness.checks.logprobs import compare_logprobs, logprob_policy
+from harness.checks.logprobs import compare_logprobs
 from harness.core.serialise import snapshot_to_dict
 from harness.core.verdict import VerdictFailed
 from harness.plugin.invocation import is_worker, writes_nothing
@@ -44,6 +44,7 @@ from harness.report.labels import (
 )
 from harness.report.root_cause import labels_for
 from harness.report.run_config import RunOptions, write_run_config
+from harness.targets import logprob_policy
 
 log = logging.getLogger("harness.report")
 

@@ -23,7 +23,7 @@ from harness.checks.capacity import KvPool
 from harness.checks.exposure import ExposureTally
 from harness.checks.forcing import compare_forced
 from harness.checks.ledger import check_idle_ledgers, check_ledger
-from harness.checks.logprobs import compare_logprobs, logprob_policy
+from harness.checks.logprobs import compare_logprobs
 from harness.checks.tokens import compare_traces, token_verdict
 from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig
@@ -44,8 +44,8 @@ from harness.session.listeners import Listeners, SessionListener
 from harness.session.stats import SessionStats, Timers
 from harness.stacks import host as host_stack
 from harness.stacks.spec import load_stack, stack_python
-from harness.targets import kind_of_label
-from harness.targets.geometry import pool_overrides
+from harness.targets import kind, kind_of_label, logprob_policy
+from harness.targets.geometry import PAGED, pool_overrides
 from harness.targets.variants import TargetVariant
 
 __all__ = ["HilSession", "Model", "SessionOptions"]
@@ -68,7 +68,7 @@ class SessionOptions:
     stack: str = "default"
     plan_only: bool = False  # record each test's engine configuration, start nothing
     engine_replace: bool = True  # replace an engine an earlier test left dirty (else: inherited)
-    logprob_tol: float | None = None  # None: per backend (harness.checks.logprobs.DEFAULT_TOLS)
+    logprob_tol: float | None = None  # None: the default for the backend's precision
     logprob_tol_card: float | None = None
     teacher_forcing: bool = True
 
@@ -136,11 +136,17 @@ class HilSession:
     ) -> EngineConfig:
         """The engine of ``variant`` for ``scenario``; ``pool`` names a KV pool preset
         (``harness.targets.geometry``) that each target turns into its own settings."""
-        overrides = {**pool_overrides(variant.target, pool, scenario.limits), **overrides}
+        overrides = {**pool_overrides(variant.target, pool, scenario.limits, self.opts.stack),
+                     **overrides}
         if self.opts.faults and "faults" not in overrides:
             overrides["faults"] = self.opts.faults
         overrides.setdefault("stack", self.opts.stack)
         return variant.engine_config(str(model.path), scenario.limits, **overrides)
+
+    def block_size(self, variant: TargetVariant, geometry: str = PAGED) -> int | None:
+        """The block size of ``variant``'s ``geometry`` on this session's stack (the size its
+        software takes); None for one block per sequence."""
+        return kind(variant.target).stack_geometry(geometry, self.opts.stack).block_size
 
     def stack_problem(self, variant: TargetVariant, markers: tuple[str, ...] = ()) -> str | None:
         """Why ``variant`` (in a test with these markers) cannot run on this session's stack."""

@@ -9,6 +9,7 @@ running pytest) and installs nothing. It is the default when the harness runs ou
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -54,3 +55,16 @@ def host_python_problem() -> str | None:
 
 def describe() -> str:
     return f"host (the given Python, as it is: {host_python() or sys.executable})"
+
+
+@functools.cache
+def installed_version(dist: str) -> str | None:
+    """The version of ``dist`` installed in the host stack's Python, or None."""
+    code = ("import importlib.metadata as m, sys\n"
+            "try: print(m.version(sys.argv[1]))\nexcept m.PackageNotFoundError: pass")
+    try:
+        out = subprocess.run([host_python() or sys.executable, "-c", code, dist],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None

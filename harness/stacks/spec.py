@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.paths import REPO_ROOT, STACKS_DIR
+from harness.stacks import host as host_stack
 
 ROOT = REPO_ROOT
 STAMP_NAME = ".hil-stack-stamp"
@@ -276,3 +277,19 @@ def stack_status(stack: Stack) -> str:
 
 
 # -- command line ----------------------------------------------------------------------
+
+
+def stack_version(name: str, *dists: str) -> tuple[int, ...] | None:
+    """The release (numbers only: ``0.28.0`` -> (0, 28, 0)) of the first of ``dists`` that
+    stack ``name`` pins in its [versions] (the host stack: has installed); None if none."""
+    for dist in dists:
+        if name == host_stack.HOST:
+            version = host_stack.installed_version(dist)
+        else:
+            try:
+                version = load_stack(name).versions.get(dist)
+            except Exception:  # an unknown stack is refused elsewhere with its own message
+                return None
+        if version:
+            return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
+    return None

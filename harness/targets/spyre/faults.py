@@ -20,7 +20,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from harness.in_engine import probes
 from harness.in_engine.fault_registry import (
     LEDGER_POOL,
     RUNNER_PREEMPTION,
@@ -29,6 +28,7 @@ from harness.in_engine.fault_registry import (
     fault,
     target_hook,
 )
+from harness.targets.spyre import ledger
 from harness.targets.spyre.generations import GENERATIONS, VLLM_SPYRE, PluginGeneration
 from harness.targets.spyre.resume import handle_preemption_in_runner
 
@@ -260,10 +260,10 @@ def legacy_double_free(config: dict[str, Any], req: str = "") -> None:
 
 @fault("misname-dummy")
 def misname_dummy(config: dict[str, Any]) -> None:
-    """The legacy ledger adapter (harness.in_engine.probes) no longer recognises the runner's
+    """The legacy ledger adapter (harness.targets.spyre.ledger) no longer recognises the runner's
     padding dummy: its blocks are listed under an ordinary request id, so the ledger still
     adds up but no dummy is seen (a broken adapter, not a broken runner)."""
-    probes.LEGACY_DUMMY_ID = "padding"
+    ledger.LEGACY_DUMMY_ID = "padding"
     print("[hil] fault misname_dummy: the legacy dummy is listed as 'padding'", flush=True)
 
 

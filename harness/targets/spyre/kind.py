@@ -104,6 +104,7 @@ class SpyreTarget(VllmTarget):
     }
     plugin_preload = {gen.module: gen.preload for gen in GENERATIONS}
     fault_modules = ("harness.targets.spyre.faults", "harness.targets.spyre.faults_2x")
+    probe_modules = ("harness.targets.spyre.ledger",)
     # The platform fixes 64-token blocks and keeps block 0 as the pad block.
     geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
     start_timeouts = {"sendnn": SENDNN_START_TIMEOUT}
@@ -111,6 +112,19 @@ class SpyreTarget(VllmTarget):
         NearTieTolerance("sendnn", NEAR_TIE_TOL_SENDNN,
                          "the card computes fp16 against the fp32 reference"),
     )
+    reduced_precision_backends = ("sendnn",)  # eager computes fp32 on the CPU
+    # The card runtime's, and each plugin generation's own (read when the engine is built).
+    late_env_prefixes = ("AIU_", "SPYRE_", "FLEX_", "DT_", *(g.env_prefix for g in GENERATIONS))
+    refuses_small_pool = True  # the platform checks the pool it is given at start
+
+    @classmethod
+    def join_reservation(cls, tkv: int, prompt_len: int, max_tokens: int,
+                         block_size: int) -> int | None:
+        """Continuous batching reserves a request's worst case when it joins a batch at
+        ``tkv``: every token up to ``max_tokens`` (the last one is never fed back), from the
+        batch's tkv, less the blocks that are only its left padding."""
+        worst = math.ceil((tkv + max_tokens - 1) / block_size)
+        return worst - (tkv - prompt_len) // block_size
 
     @classmethod
     def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:

