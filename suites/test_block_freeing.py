@@ -15,7 +15,7 @@ pytestmark = [
     pytest.mark.block_freeing,
     pytest.mark.nightly,
     pytest.mark.timeout(1800),
-    pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "pc", "neuron"),
+    pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "pc", "np", "neuron"),
 ]
 
 LIMITS = EngineLimits(max_model_len=256, max_num_seqs=4, cp_chunk=128)

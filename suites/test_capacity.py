@@ -55,7 +55,9 @@ def test_override_below_one_request_is_refused_before_start(hil, model, target_v
 
     text = str(refused.value)
     assert f"{need.one_request - 1} blocks (num_gpu_blocks_override) cannot serve one" in text
-    assert f"ceil(256/16) = 16 blocks of 16 tokens, plus 1 pad/null block = {need.one_request}" in text
+    per = MAX_MODEL_LEN // block_size
+    assert (f"ceil({MAX_MODEL_LEN}/{block_size}) = {per} blocks of {block_size} tokens, plus 1"
+            f" pad/null block = {need.one_request}") in text
     assert not hil.engine_started(engine), "an engine was started anyway"
 
 

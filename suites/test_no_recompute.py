@@ -34,7 +34,7 @@ def full_batch_scenario(model, target_variant, max_num_seqs, prompt_len):
     return fill_batch(model.tokenizer, target_variant.target, limits, prompt_len)
 
 
-@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "pc", "neuron")
+@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "pc", "np", "neuron")
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 @pytest.mark.parametrize("prompt_len", [63, 64, 65])
 def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_seqs, prompt_len):

@@ -10,8 +10,10 @@ limit to half of that, so a full batch of two requests that decode past half of
 ``max_model_len`` must pause one: the pause signal the no-preemption check reads
 (harness.checks.preemption) must see it on the running engine, and the check that fails the
 full-batch test must fail saying "pause:". Tokens and every KV ledger invariant still hold.
-Stacks whose scheduler never pauses (vllm-spyre 1.x, ``pausing`` in
-harness/targets/spyre/generations.py) skip it, saying so.
+With pausing off (mode ``np``, ``SENDNN_INFERENCE_PAUSING_ENABLED=0``) the same limit is
+applied at admission instead: the second request waits until the first has finished, so the
+batch never fills, nothing is paused and nothing preempted. Stacks whose scheduler never
+pauses (vllm-spyre 1.x, ``pausing`` in harness/targets/spyre/generations.py) skip it, saying so.
 """
 
 import pytest
@@ -33,7 +35,7 @@ SHAPES = [(64, 80, 0)] * MAX_NUM_SEQS
 
 
 @pytest.mark.hil_first_model  # each run starts its own engine: one model keeps CI cost small
-@pytest.mark.hil_targets("cp", "pc")
+@pytest.mark.hil_targets("cp", "pc", "np")
 def test_negative_control_batch_tkv_limit_pauses_a_full_batch(hil, model, target_variant):
     limits = EngineLimits(MAX_MODEL_LEN, MAX_NUM_SEQS, cp_chunk=128)
     scenario = shaped_scenario(f"tkv-limit-{TKV_LIMIT}-{MAX_NUM_SEQS}x64", model.tokenizer,
@@ -50,6 +52,12 @@ def test_negative_control_batch_tkv_limit_pauses_a_full_batch(hil, model, target
 
     trace = hil.run_steps(engine, scenario)
 
+    if target_variant.mode == "np":  # pausing off: the limit holds the second request back
+        hil.expect(check_no_preemption(trace), hil.check_ledger(trace),
+                   hil.check_tokens(model, scenario, trace), trace=trace)
+        hil.expect_failure(check_full_batch(trace, MAX_NUM_SEQS), "full batch never reached",
+                           trace=trace)
+        return
     hil.expect(check_full_batch(trace, MAX_NUM_SEQS), check_pausing_seen(trace),
                hil.check_ledger(trace), hil.check_tokens(model, scenario, trace), trace=trace)
     # Paused, not preempted: the full-batch check fails on the pause alone.

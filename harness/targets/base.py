@@ -150,6 +150,9 @@ class TargetVariant:
     device: str | None = None  # inventory id of the leased device, once leased
     device_env: tuple[tuple[str, str], ...] = ()
     chunked: bool = False  # prefills in chunks of the prompt set's cp_chunk tokens
+    # Runs only where a test's hil_targets or --target names its mode or id (a control of a
+    # few suites, not a copy of every one).
+    opt_in: bool = False
 
     @property
     def platform_marker(self) -> str:

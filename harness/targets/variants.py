@@ -18,10 +18,11 @@ def select_variants(spec: str | None) -> list[TargetVariant]:
     """Variants named by ``--target``: ids or kinds, comma-separated; all when empty.
 
     ``spyre`` selects every spyre variant, ``spyre-eager`` the CPU-mode ones,
-    ``cb`` every continuous-batching one.
+    ``cb`` every continuous-batching one. An opt-in variant (``TargetVariant.opt_in``) is
+    selected only by its id or its mode.
     """
     if not spec:
-        return list(VARIANTS.values())
+        return [v for v in VARIANTS.values() if not v.opt_in]
     words = [w.strip() for w in spec.split(",") if w.strip()]
     if not words:
         raise ValueError(f"{spec!r} names no target; name one or more of: {', '.join(VARIANTS)}"
@@ -31,7 +32,8 @@ def select_variants(spec: str | None) -> list[TargetVariant]:
         hits = [
             v
             for v in VARIANTS.values()
-            if v.id == word or v.target == word or v.id.startswith(word + "-") or v.mode == word
+            if v.id == word or v.mode == word
+            or (not v.opt_in and (v.target == word or v.id.startswith(word + "-")))
         ]
         if not hits:
             kinds = ", ".join(k for k in engine_kinds() if KINDS[k].variants)

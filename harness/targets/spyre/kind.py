@@ -45,8 +45,11 @@ from harness.targets.spyre.generations import (
 )
 
 BLOCK_SIZE = 64  # vllm-spyre's fixed KV block size (platform._block_size)
-MODES = ("sb", "cb", "cp", "pc")  # each generation has some of them (generations.py)
-CHUNKED_MODES = ("cp", "pc")
+MODES = ("sb", "cb", "cp", "pc", "np")  # each generation has some of them (generations.py)
+CHUNKED_MODES = ("cp", "pc", "np")
+# Run only where a test or --target names them: pausing off is a lab's choice, not the default
+# users run, so it is a control of the suites that read pausing, not a copy of every suite.
+OPT_IN_MODES = ("np",)
 BACKENDS = ("sendnn", "eager")  # the inventory's default first: a card
 
 
@@ -85,12 +88,13 @@ class SpyreTarget(VllmTarget):
     device = SPYRE_DEVICE
     modes = MODES
     mode_help = ("sb = static batching, cb = continuous batching, cp = chunked prefill,"
-                 " pc = chunked prefill with prefix caching (sendnn-inference 2.x)")
+                 " pc = chunked prefill with prefix caching, np = chunked prefill with"
+                 " pausing off (pc and np: sendnn-inference 2.x)")
     backends = ("eager", "sendnn")
     backend_help = "eager runs on the CPU, sendnn on a card"
     variants = tuple(
         TargetVariant(f"spyre-{backend}-{mode}", "spyre", backend, mode, (marker, mode),
-                      chunked=mode in CHUNKED_MODES)
+                      chunked=mode in CHUNKED_MODES, opt_in=mode in OPT_IN_MODES)
         for backend, marker in (("eager", "cpu"), ("sendnn", "spyre"))
         for mode in MODES
     )
@@ -101,6 +105,7 @@ class SpyreTarget(VllmTarget):
         "cb": "vllm-spyre continuous batching",
         "cp": "vllm-spyre continuous batching with chunked prefill",
         "pc": "sendnn-inference chunked prefill with prefix caching on",
+        "np": "sendnn-inference chunked prefill with pausing off (runs where named)",
     }
     plugin_preload = {gen.module: gen.preload for gen in GENERATIONS}
     fault_modules = ("harness.targets.spyre.faults", "harness.targets.spyre.faults_2x")

@@ -27,8 +27,8 @@ def test_registry_lists_each_kind_once_in_order() -> None:
         "cpu": False, "spyre": True, "neuron": True}
     assert list(VARIANTS) == [
         "vllm-cpu", "spyre-eager-sb", "spyre-eager-cb", "spyre-eager-cp", "spyre-eager-pc",
-        "spyre-sendnn-sb", "spyre-sendnn-cb", "spyre-sendnn-cp", "spyre-sendnn-pc",
-        "neuron"]
+        "spyre-eager-np", "spyre-sendnn-sb", "spyre-sendnn-cb", "spyre-sendnn-cp",
+        "spyre-sendnn-pc", "spyre-sendnn-np", "neuron"]
     assert VARIANTS["spyre-eager-cb"].markers == ("cpu", "cb")
     assert VARIANTS["spyre-sendnn-cp"].platform_marker == "spyre"
 

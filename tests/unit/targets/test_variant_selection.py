@@ -11,4 +11,17 @@ def test_unknown_target_selection():
     assert [v.id for v in select_variants("cb")] == ["spyre-eager-cb", "spyre-sendnn-cb"]
     assert {v.id for v in select_variants("spyre-eager")} == {
         "spyre-eager-sb", "spyre-eager-cb", "spyre-eager-cp", "spyre-eager-pc"}
-    assert len(select_variants("")) == len(VARIANTS)
+    assert len(select_variants("")) == len([v for v in VARIANTS.values() if not v.opt_in])
+
+
+def test_opt_in_variants_run_only_where_named() -> None:
+    """Pausing off (np) is a control: not in an unnamed selection, nor in a kind or prefix."""
+    from harness.targets.variants import select_variants
+
+    assert "spyre-eager-np" not in {v.id for v in select_variants(None)}
+    assert "spyre-eager-np" not in {v.id for v in select_variants("spyre")}
+    assert "spyre-eager-np" not in {v.id for v in select_variants("spyre-eager")}
+    assert [v.id for v in select_variants("np")] == ["spyre-eager-np", "spyre-sendnn-np"]
+    assert [v.id for v in select_variants("spyre-eager-np")] == ["spyre-eager-np"]
+    assert {v.id for v in select_variants("cp,np")} == {
+        "spyre-eager-cp", "spyre-sendnn-cp", "spyre-eager-np", "spyre-sendnn-np"}

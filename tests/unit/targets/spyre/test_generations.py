@@ -27,7 +27,10 @@ def test_names_differ_per_generation():
     assert SENDNN_INFERENCE.var("DYNAMO_BACKEND") == "SENDNN_INFERENCE_DYNAMO_BACKEND"
     assert VLLM_SPYRE.var("DYNAMO_BACKEND") == "VLLM_SPYRE_DYNAMO_BACKEND"
     assert VLLM_SPYRE.mode_env("cb") == {"VLLM_SPYRE_USE_CB": "1", "VLLM_SPYRE_USE_CHUNKED_PREFILL": "0"}
-    assert SENDNN_INFERENCE.mode_env("cp") == {}
+    # 2.x has one runner; pausing is on as users run it, off only in mode np
+    assert SENDNN_INFERENCE.mode_env("cp") == {"SENDNN_INFERENCE_PAUSING_ENABLED": "1"}
+    assert SENDNN_INFERENCE.mode_env("np") == {"SENDNN_INFERENCE_PAUSING_ENABLED": "0"}
+    assert SENDNN_INFERENCE.mode_kwargs("np") == {"enable_prefix_caching": False}
     assert SENDNN_INFERENCE.mode_kwargs("pc") == {"enable_prefix_caching": True}
     assert SENDNN_INFERENCE.mode_kwargs("cp") == {"enable_prefix_caching": False}
 
@@ -52,7 +55,7 @@ def test_a_mode_the_stacks_plugin_lacks_is_a_skip_naming_the_generation():
 
     why = SpyreTarget.stack_feature_problem(VARIANTS["spyre-eager-cb"], "default")
     assert why == ("spyre-eager-cb does not run on stack default: sendnn-inference 2.x has no"
-                   " mode 'cb' (its modes: cp, pc)")
+                   " mode 'cb' (its modes: cp, pc, np)")
     assert SpyreTarget.stack_feature_problem(VARIANTS["spyre-eager-pc"], "default") is None
     assert "no mode 'pc'" in SpyreTarget.stack_feature_problem(VARIANTS["spyre-eager-pc"], "spyre-1.10")
     assert SpyreTarget.stack_feature_problem(VARIANTS["spyre-eager-cb"], "spyre-1.10") is None
