@@ -83,6 +83,7 @@ class EngineHost:
         log_dir: Path,
         start_timeout: float = START_TIMEOUT,
         python: str | None = None,
+        work_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.log_dir = log_dir
@@ -90,6 +91,13 @@ class EngineHost:
         safe = cfg.key.replace(":", "-")
         self.log_path = log_dir / f"{safe}-{os.getpid()}.log"
         self._sockdir = tempfile.TemporaryDirectory(prefix="hil-eng-")
+        # The engine's working directory: its own scratch folder (the card runtime writes
+        # relative files), never the installed package's folder.
+        if work_dir is None:
+            self.work_dir = Path(self._sockdir.name) / "work"
+        else:
+            self.work_dir = work_dir / f"{safe}-{os.getpid()}"
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         address = os.path.join(self._sockdir.name, "engine.sock")
         authkey = secrets.token_bytes(16)
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
@@ -109,7 +117,7 @@ class EngineHost:
         started = time.monotonic()
         # Forked from a preloaded parent where one fits, else a fresh process.
         self.proc = forkserver.spawn_engine(python or sys.executable, address, child_env,
-                                            str(REPO_ROOT), self.log_path, self._logfile)
+                                            str(self.work_dir), self.log_path, self._logfile)
         self.conn: Connection | None = None
         try:
             self.conn = self._accept(start_timeout)
@@ -235,3 +243,7 @@ class EngineHost:
         self._listener.close()
         self._logfile.close()
         self._sockdir.cleanup()
+        try:  # an empty scratch folder goes; what the engine wrote stays beside its log
+            self.work_dir.rmdir()
+        except OSError:
+            pass

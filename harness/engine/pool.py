@@ -46,6 +46,9 @@ class PoolSettings:
     max_live_engines: int = MAX_LIVE_ENGINES
     start_timeout: float | None = None  # None: the kind's for the configuration (start_timeout)
     engine_reuse: bool = True
+    # Where each engine gets a scratch working directory of its own (a runtime writes relative
+    # files there); None: a temporary folder per engine.
+    work_dir: Path | None = None
 
 
 def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[str, Any]]:
@@ -121,6 +124,7 @@ class EnginePool:
                 self.settings.reports_dir / "engine-logs",
                 start_timeout=start_timeout(target, self.settings.start_timeout),
                 python=python,
+                work_dir=self.settings.work_dir,
             )
         except EngineError as e:
             if holds_device:

@@ -18,7 +18,7 @@ from harness.core.paths import REPO_ROOT
 from harness.report.categories import write_categories
 from harness.stacks.host import HOST, describe
 from harness.stacks.spec import load_stack
-from harness.targets import device_kinds
+from harness.targets import KINDS, device_kinds
 
 # Distributions whose versions a reviewer needs; "vLLM" is the CPU build's name here.
 VERSIONS = (
@@ -86,6 +86,12 @@ def device_properties(root: Path = Path("/")) -> dict[str, str]:
     return props
 
 
+def inherited_env_properties(environ: Mapping[str, str]) -> dict[str, str]:
+    """``env.<NAME>``: each inherited variable a kind says changes its engines, with what it does."""
+    return {f"env.{name}": f"{value} ({what})" for k in KINDS.values()
+            for name, value, what in k.inherited_env(environ)}
+
+
 def stack_properties(name: str) -> dict[str, str]:
     """``stack.<name>``: the pinned versions the engines of that stack ran with."""
     if name == HOST:
@@ -117,6 +123,7 @@ def environment_properties(run: RunOptions | None = None, root: Path = Path("/")
         props[label] = v or "not installed"
     props.update(device_properties(root))
     props.update(stack_properties(run.stack))
+    props.update(inherited_env_properties(os.environ))
     props.update({
         "run.targets": run.targets,
         "run.models": run.models,

@@ -94,7 +94,8 @@ class HilSession:
         self.refusal_expected = False  # set by expect_refusal() around a start the test expects to fail
         self._pool = EnginePool(PoolSettings(
             reports_dir=opts.reports_dir, max_live_engines=opts.max_live_engines,
-            start_timeout=opts.start_timeout, engine_reuse=opts.engine_reuse))
+            start_timeout=opts.start_timeout, engine_reuse=opts.engine_reuse,
+            work_dir=opts.cache_dir / "engine-work"))
         self.engines = EngineDriver(
             self._pool,
             DriverSettings(call_timeout=opts.call_timeout, top_k=opts.near_tie.top_k,

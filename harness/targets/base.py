@@ -332,6 +332,12 @@ class TargetKind:
         return {}
 
     @classmethod
+    def inherited_env(cls, environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
+        """(name, value, what it does) for each variable of ``environ`` that this kind's engines
+        would inherit and that changes them (``hil devices``, the report's environment)."""
+        return []
+
+    @classmethod
     def host_lines(cls) -> list[str]:
         """``hil devices`` after discovery: what this kind's engines need besides the device
         (its SDK, its stack), one line each."""

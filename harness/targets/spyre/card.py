@@ -26,12 +26,22 @@ from harness.targets.spyre.generations import GENERATIONS
 # Defaults, documented in the README ("On a card host"); the inventory's per-device env overrides.
 CARD_ENV_DEFAULTS = {
     "FLEX_COMPUTE": "SENTIENT",  # unset, vllm-spyre's spyre_setup picks the simulator (SENULATOR)
+    # How the runtime reaches the card: VFIO here; upstream's image uses PF. An inventory
+    # device's env sets its own, and the verification expects what the engine ran with.
     "FLEX_DEVICE": "VFIO",
     "AIU_WORLD_SIZE": "1",  # one card per engine (no tensor parallel)
     "TORCH_SENDNN_CACHE_ENABLE": "1",
     # The runtime logs the card it opened ("Opened: SEN:VFIO...") at INFO; the check needs it.
     "DTLOG_LEVEL": "INFO",
 }
+
+# Inherited variables that change what a card engine compiles, schedules or opens: the
+# compiler's (VLLM_DT_*: chunk size, batch TKV limit), the runtime's, and each plugin
+# generation's own. ``hil devices`` and the report's environment list every one a run inherits.
+INHERITED_PREFIXES = ("VLLM_DT_", "FLEX_", "AIU_", "DT_", "DTLOG_", "TORCH_SENDNN_", "SPYRE_",
+                      *(g.env_prefix for g in GENERATIONS))
+# The plugin variables the harness sets per engine (its mode and backend).
+_HARNESS_PLUGIN_KEYS = ("DYNAMO_BACKEND", "USE_CB", "USE_CHUNKED_PREFILL", "PAUSING_ENABLED")
 
 # A card start compiles every graph (upstream deployments allow 1200 s); eager starts in seconds.
 SENDNN_START_TIMEOUT = 1200.0
@@ -65,13 +75,36 @@ def card_env(device: Any, cache_dir: Path) -> dict[str, str]:
     if device.kind != "spyre" or (device.backend or "sendnn") != "sendnn":
         return {}
     env = dict(CARD_ENV_DEFAULTS)
-    env["TORCH_SENDNN_CACHE_DIR"] = str(cache_dir / "sendnn" / device.id)
+    # The compile cache, created as upstream's setup does (the runtime does not create it).
+    sendnn_cache = Path(dict(device.env).get("TORCH_SENDNN_CACHE_DIR")
+                        or cache_dir / "sendnn" / device.id)
+    sendnn_cache.mkdir(parents=True, exist_ok=True)
+    env["TORCH_SENDNN_CACHE_DIR"] = str(sendnn_cache)
     inv_env = dict(device.env)
     address = device.address or inv_env.get("AIU_WORLD_RANK_0", "")
     if address:
         env["AIU_WORLD_RANK_0"] = address
         env["HIL_CARD_ADDRESS"] = address  # what the verification expects the runtime to open
     return env
+
+
+def inherited_card_env(environ: Any) -> list[tuple[str, str, str]]:
+    """(name, value, what it does) for every variable of ``environ`` that a card engine would
+    inherit and that changes it: the ones the harness sets per engine are ignored (the
+    inventory's ``env`` is where a lab changes them); the others change the engine as given."""
+    ours = {*CARD_ENV_DEFAULTS, "AIU_WORLD_RANK_0", "TORCH_SENDNN_CACHE_DIR",
+            *(g.var(k) for g in GENERATIONS for k in _HARNESS_PLUGIN_KEYS)}
+    out = []
+    for name in sorted(environ):
+        if not name.startswith(INHERITED_PREFIXES):
+            continue
+        if name in ours:
+            what = ("ignored: the harness sets it per engine; set it in the inventory's env for"
+                    " the device to change it")
+        else:
+            what = "changes every Spyre engine of this run (inherited as is)"
+        out.append((name, str(environ[name]), what))
+    return out
 
 
 def engine_card_info() -> dict[str, Any]:
@@ -112,11 +145,13 @@ def verify_card_engine(cfg: Any, info: dict[str, Any], log_text: str) -> str | N
     card = info.get("card", {})
     opened = opened_devices(log_text)
     seen_addrs = sorted({a for o in opened for a in _PCI.findall(o)})
+    flex_device = (card.get("env") or {}).get("FLEX_DEVICE") or "VFIO"
     expected = {
         "platform": "SpyrePlatform",
         "dynamo backend": "sendnn",
         "FLEX_COMPUTE": "SENTIENT",
-        "opened": f"SEN:VFIO:{expected_addr}" if expected_addr else "SEN:VFIO:<the leased card>",
+        "opened": (f"SEN:{flex_device}:{expected_addr}" if expected_addr
+                   else f"SEN:{flex_device}:<the leased card>"),
     }
     seen = {
         "platform": info.get("platform"),
@@ -125,8 +160,8 @@ def verify_card_engine(cfg: Any, info: dict[str, Any], log_text: str) -> str | N
         "opened": ", ".join(opened) or "nothing (no 'Opened:' line in the engine log)",
     }
     problems = [k for k in ("platform", "dynamo backend", "FLEX_COMPUTE") if seen[k] != expected[k]]
-    vfio = [o for o in opened if o.startswith("SEN:VFIO")]
-    if not vfio or (expected_addr and seen_addrs != [expected_addr]):
+    on_card = [o for o in opened if o.startswith(f"SEN:{flex_device}")]
+    if not on_card or (expected_addr and seen_addrs != [expected_addr]):
         problems.append("opened")
     if not problems:
         return None

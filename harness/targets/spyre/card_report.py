@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.stacks.host import default_stack, host_python
-from harness.targets.spyre.card import card_env, torch_sendnn_status
+from harness.targets.spyre.card import card_env, inherited_card_env, torch_sendnn_status
 from harness.targets.spyre.generations import GENERATIONS
 
 _PROBE = (
@@ -78,6 +78,8 @@ def card_stack_lines(inv: Any) -> tuple[list[str], bool]:
         state = "usable" if d.usable else "UNUSABLE"
         lines.append(f"card {d.id} ({d.address or 'no address'}) {state}; engine env: "
                      + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    for name, value, what in inherited_card_env(os.environ):
+        lines.append(f"WARNING: inherited {name}={value}: {what}")
     ok = not cards or problem is None
     if cards and problem:
         lines.append(f"{len(cards)} card(s) listed, but the stack cannot drive them: card tests"

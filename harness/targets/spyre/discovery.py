@@ -7,8 +7,11 @@ from pathlib import Path
 
 from harness.core.devices import Device, DeviceScan, read_id, read_value, rw_problem
 
-# IBM Spyre (vendor, device) as read from sysfs ``vendor``/``device`` files.
-SPYRE_PCI_IDS = {("0x1014", "0x06a7")}
+# IBM Spyre (vendor, device) as read from sysfs ``vendor``/``device`` files: the card's physical
+# function, and the virtual functions SR-IOV makes of it (what a VM or a container is given).
+SPYRE_PF = ("0x1014", "0x06a7")
+SPYRE_VF = ("0x1014", "0x06a8")
+SPYRE_PCI_IDS = {SPYRE_PF, SPYRE_VF}
 
 
 def discover_spyre(root: Path = Path("/")) -> DeviceScan:
@@ -38,6 +41,8 @@ def discover_spyre(root: Path = Path("/")) -> DeviceScan:
         driver_link = dev_dir / "driver"
         driver = driver_link.resolve().name if driver_link.is_symlink() else None
         driver_note = f"driver {driver}" if driver else "no driver bound"
+        if pci_id == SPYRE_VF:
+            driver_note = f"virtual function, {driver_note}"
         group_link = dev_dir / "iommu_group"
         if not group_link.is_symlink():
             scan.devices.append(

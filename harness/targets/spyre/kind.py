@@ -30,6 +30,7 @@ from harness.targets.spyre.card import (
     SENDNN_START_TIMEOUT,
     card_env,
     engine_card_info,
+    inherited_card_env,
     near_tie_policy,
     torch_sendnn_status,
     verify_card_engine,
@@ -183,6 +184,10 @@ class SpyreTarget(VllmTarget):
     @classmethod
     def device_env(cls, device: InventoryDevice, cache_dir: Path) -> dict[str, str]:
         return card_env(device, cache_dir)
+
+    @classmethod
+    def inherited_env(cls, environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
+        return inherited_card_env(environ)
 
     @classmethod
     def stack_lines(cls, inv: Any) -> tuple[list[str], bool]:

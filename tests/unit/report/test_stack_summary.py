@@ -27,7 +27,7 @@ from harness.report.stack_summary import (
 LEGACY = "legacy-spyre-0.4"
 TARGETS = ["vllm-cpu", "spyre-eager-sb", "spyre-eager-cb", "spyre-sendnn-cb", "neuron"]
 SUITES = ["block_freeing", "capacity", "no_recompute", "token_equality"]
-NO_CARD = "no Spyre device found: looked for PCI vendor:device 1014:06a7 under /sys/bus/pci"
+NO_CARD = "no Spyre device found: looked for PCI vendor:device 1014:06a7, 1014:06a8 under /sys/bus/pci"
 NO_KERNELS = "vLLM 0.9.0.1 is an empty build (VLLM_TARGET_DEVICE=empty): no CPU kernels"
 NO_CAPACITY = "the plugin overwrites num_gpu_blocks_override"
 NOT_FORCED = ("not forced: teacher forcing not run on legacy-spyre-0.4:spyre-eager-cb: teacher"

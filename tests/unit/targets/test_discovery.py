@@ -59,7 +59,7 @@ def test_spyre_message_says_what_was_looked_for(tmp_path: Path) -> None:
     scan = discover_spyre(tmp_path)
     assert scan.kind == "spyre"
     assert scan.looked_for == (
-        f"PCI vendor:device 1014:06a7 under {tmp_path}/sys/bus/pci/devices "
+        f"PCI vendor:device 1014:06a7, 1014:06a8 under {tmp_path}/sys/bus/pci/devices "
         f"and VFIO groups under {tmp_path}/dev/vfio"
     )
     assert scan.why_none() == (
@@ -168,3 +168,12 @@ def test_unwritable_neuron_node_is_unusable(
     assert scan.usable == []
     msg = scan.why_none()
     assert msg is not None and "not readable and writable" in msg
+
+
+def test_spyre_virtual_functions_are_discovered(tmp_path: Path) -> None:
+    """SR-IOV virtual functions (1014:06a8), what a container or VM is given, are cards too."""
+    pci_device(tmp_path, "0000:3b:00.1", "0x1014", "0x06a8", group="43", driver="vfio-pci")
+    vfio_node(tmp_path, "43")
+    scan = discover_spyre(tmp_path)
+    assert [d.id for d in scan.usable] == ["0000:3b:00.1"]
+    assert "virtual function, driver vfio-pci" in scan.devices[0].detail

@@ -269,3 +269,29 @@ def test_summary_gets_a_cards_section(tmp_path: Path) -> None:
     assert "card card0: 1 configuration(s): spyre-1.10:spyre-sendnn-cb" in section
     assert "## Cards" in (tmp_path / "summary.md").read_text()
     assert append_device_summary(tmp_path / "none", tmp_path / "summary.md") == ""
+
+
+def test_inherited_card_variables_are_listed_with_what_they_do() -> None:
+    from harness.report.run_config import inherited_env_properties
+    from harness.targets.spyre.card import inherited_card_env
+
+    environ = {"VLLM_DT_MAX_BATCH_TKV_LIMIT": "8192", "SENDNN_INFERENCE_DYNAMO_BACKEND": "eager",
+               "FLEX_DEVICE": "PF", "HOME": "/root", "VLLM_SPYRE_USE_CB": "1"}
+    found = {n: (v, what) for n, v, what in inherited_card_env(environ)}
+    assert set(found) == {"VLLM_DT_MAX_BATCH_TKV_LIMIT", "SENDNN_INFERENCE_DYNAMO_BACKEND",
+                          "FLEX_DEVICE", "VLLM_SPYRE_USE_CB"}
+    assert found["VLLM_DT_MAX_BATCH_TKV_LIMIT"][1].startswith("changes every Spyre engine")
+    assert found["SENDNN_INFERENCE_DYNAMO_BACKEND"][1].startswith("ignored: the harness sets it")
+    assert found["FLEX_DEVICE"][1].startswith("ignored")
+    props = inherited_env_properties(environ)
+    assert props["env.VLLM_DT_MAX_BATCH_TKV_LIMIT"].startswith("8192 (changes every Spyre engine")
+
+
+def test_card_env_creates_the_compile_cache(tmp_path) -> None:
+    from harness.core.devices import InventoryDevice
+    from harness.targets.spyre.card import card_env
+
+    dev = InventoryDevice(id="spyre0", kind="spyre", backend="sendnn", address="0000:3b:00.0")
+    env = card_env(dev, tmp_path)
+    assert Path(env["TORCH_SENDNN_CACHE_DIR"]).is_dir()
+    assert env["TORCH_SENDNN_CACHE_DIR"] == str(tmp_path / "sendnn" / "spyre0")
