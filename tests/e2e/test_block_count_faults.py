@@ -66,3 +66,19 @@ def test_a_missing_preemption_counter_is_an_error_not_a_zero(tmp_path):
     assert ("[check no_preemption.unrecorded] preemption signal missing: the vllm:num_preemptions"
             " counter") in message, message[:2000]
     assert classify("failed", message.splitlines()[0]) == "engine crash / harness error"
+
+
+def test_a_block_too_many_at_a_blocks_edge_is_named_by_the_boundary_check(tmp_path):
+    """block-too-many-at-edge: one block too many only while a request's token count is an
+    exact multiple of the block size. Nothing leaks and the tokens hold; in pools sized
+    exactly for requests that end on, before and after a block's edge, each run fails at the
+    first step a request sits on an edge, naming the class, filed as a block leak."""
+    run = run_suite(tmp_path, "suites/test_no_recompute.py", "-k", "boundaries", "--model",
+                    "tiny-llama", "--target", "vllm-cpu", "--inject-fault", "block-too-many-at-edge")
+    assert run.returncode == 1, run.output[-3000:]
+    assert len(run.failed()) == 3, run.outcomes
+    for test in run.failed():
+        message = run.messages[test]
+        assert "[check kv_ledger.block_boundary] block boundary: after step" in message, message[:2000]
+        assert "1 block too many at an exact multiple of the 16-token block" in message, message[:2000]
+        assert classify("failed", message.splitlines()[0]) == "block leak", message[:500]

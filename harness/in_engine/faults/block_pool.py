@@ -228,3 +228,36 @@ def block_too_few(config: dict[str, Any]) -> None:
 
     cls.get_num_blocks_to_allocate = get_num_blocks_to_allocate  # type: ignore[method-assign]
     cls.allocate_new_blocks = allocate_new_blocks  # type: ignore[method-assign]
+
+
+@fault("block-too-many-at-edge")
+def block_too_many_at_edge(config: dict[str, Any]) -> None:
+    """vLLM sizes a request one KV block too big whenever its token count is an exact multiple
+    of the block size (``num_tokens // block_size + 1`` for ``cdiv``), at admission and at every
+    allocation: the block is used once the request grows a token, so nothing leaks and a
+    request whose length never stops on a block's edge holds exactly what it needs."""
+    # defers a heavy import
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+    cls = SingleTypeKVCacheManager
+    count, allocate = cls.get_num_blocks_to_allocate, cls.allocate_new_blocks
+    said = Once()  # the damage is done at every edge; the log line is printed once
+
+    def at_edge(self: Any, request_id: str, num_tokens: int) -> int:
+        if not armed() or num_tokens <= 0 or num_tokens % int(self.block_size):
+            return num_tokens
+        if said.due():
+            said.fire(f"[hil] fault block_too_many_at_edge fired: {request_id} at {num_tokens}"
+                      f" tokens sized one {self.block_size}-token block too big")
+        return num_tokens + 1
+
+    def get_num_blocks_to_allocate(self: Any, request_id: str, num_tokens: int,
+                                   *a: Any, **kw: Any) -> int:
+        return count(self, request_id, at_edge(self, request_id, num_tokens), *a, **kw)
+
+    def allocate_new_blocks(self: Any, request_id: str, num_tokens: int,
+                            *a: Any, **kw: Any) -> Any:
+        return allocate(self, request_id, at_edge(self, request_id, num_tokens), *a, **kw)
+
+    cls.get_num_blocks_to_allocate = get_num_blocks_to_allocate  # type: ignore[method-assign]
+    cls.allocate_new_blocks = allocate_new_blocks  # type: ignore[method-assign]
