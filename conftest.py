@@ -1,4 +1,6 @@
-"""Loads the vllm-hil pytest plugin for every suite and test in this repository.
+"""Loads the vllm-hil pytest plugin for every suite and test in this repository, and so asks for
+it: a conftest that loads the plugin's modules itself turns the harness on (an installed copy
+loaded by its entry points stays inert unless asked, harness/plugin/activation.py).
 
 Where the harness is also installed with its pytest11 entry points, pytest may have loaded the
 plugin modules already (this repository's pyproject blocks them; another ini may not): register

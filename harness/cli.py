@@ -3,6 +3,8 @@
     hil run [--stacks A,B] [PYTEST ARGS...]
                                the main job: every suite against what this machine has,
                                writing reports/junit.xml and reports/allure-results
+    hil suites [PYTEST ARGS...] the suites of this copy (an installed one's too) in a pytest run
+                               from this folder, outputs here: what a card host runs
     hil nightly [--shard I/N] [--inventory FILE] [PYTEST ARGS...]
                                the nightly selection on this host's device kinds, devices
                                required, exit code 0 only when every selected test passed
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.devices import device_root
-from harness.core.paths import REPO_ROOT
+from harness.core.paths import REPO_ROOT, SUITES_DIR
 from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
 from harness.report.generate import report_command
 from harness.report.lab_report import keep_durations, merge_command
@@ -89,6 +91,28 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 USAGE_ERROR = 4  # pytest's exit code for arguments it refused
+
+
+def suites_command(extra: list[str], here: Path) -> list[str]:
+    """The pytest command of ``hil suites`` run in ``here``: the plugin asked for (-p vllm_hil),
+    the suites of this copy with their folder's parent as rootdir (node ids
+    ``suites/test_*.py::...`` as in a checkout), configured by ``here``'s pytest.ini alone (no
+    ini, conftest or cache of the folders the suites are installed in)."""
+    ini = here / "pytest.ini"
+    return [sys.executable, "-m", "pytest", "-p", "vllm_hil",
+            "-c", str(ini) if ini.is_file() else os.devnull,
+            f"--rootdir={SUITES_DIR.parent}", f"--confcutdir={SUITES_DIR}",
+            "-o", f"cache_dir={here / '.pytest_cache'}", str(SUITES_DIR), *extra]
+
+
+def cmd_suites(args: argparse.Namespace, extra: list[str]) -> int:
+    if not SUITES_DIR.is_dir():
+        print(f"hil suites: no suites in {SUITES_DIR}; install the harness with pip (not only"
+              " its packages) or run from a checkout", file=sys.stderr)
+        return 2
+    cmd = suites_command(extra, Path.cwd())
+    print("hil suites:", " ".join(cmd[2:]), flush=True)
+    return subprocess.call(cmd)
 
 
 def stacks_problem(value: str, stacks: list[str]) -> str | None:
@@ -225,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--stacks", default="default",
                    help="comma-separated stacks (stacks/NAME.toml) to run, one report for all")
     r.set_defaults(func=cmd_run)
+    s = sub.add_parser("suites", help="run the suites from this folder, outputs here (extra args"
+                       " go to pytest)")
+    s.set_defaults(func=cmd_suites)
     n = sub.add_parser("nightly", help="the nightly: devices required, shardable")
     n.add_argument("--reports-dir", default=str(ROOT / "reports"))
     n.add_argument("--shard", default="", metavar="I/N")
@@ -263,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--cache-dir", default=str(ROOT / ".hil-cache"))
     m.set_defaults(func=cmd_models)
     args, extra = p.parse_known_args(argv)
-    if args.cmd not in ("run", "nightly") and extra:
+    if args.cmd not in ("run", "nightly", "suites") and extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args, extra))
 

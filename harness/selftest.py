@@ -63,6 +63,9 @@ CPU_CASES: tuple[Case, ...] = (
     # The long prompt's reference hesitates at position 2 (a near-tie the free run accepts).
     Case("drift-after-near-tie", "vllm-cpu", TOKEN, "long-prompt", "token mismatch"),
     Case("drift-after-near-tie", "spyre-eager-cb", TOKEN, "long-prompt", "token mismatch"),
+    # The long prompt's top two come within 0.5 nats at position 13 on tiny-llama.
+    Case("runner-up-when-close", "vllm-cpu", TOKEN, "long-prompt", "sampler not greedy"),
+    Case("runner-up-when-close", "spyre-eager-cp", TOKEN, "long-prompt", "sampler not greedy"),
     Case("forget-free", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
     Case("forget-free", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
     Case("forget-free-once", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
@@ -95,6 +98,8 @@ CPU_CASES: tuple[Case, ...] = (
     Case("refree-block", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
     Case("extra-ref", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
     Case("keep-finished-blocks", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
+    Case("free-late", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
+    Case("free-late", "spyre-eager-cp", FREEING, "finish-back-to-idle", "block leak"),
     Case("forget-free-in-runner", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
     Case("reserve-short", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),
     Case("leak-reservation", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak"),

@@ -28,7 +28,7 @@ needs_spyre_1x = pytest.mark.skipif(
 
 # A child pytest outside this checkout loads the harness as this checkout's modules: the
 # installed copy's pytest11 entry points are blocked, or the plugin would register twice.
-CHECKOUT_PLUGINS = ["-p", "no:vllm-hil", "-p", "no:vllm-hil-fixtures", "-p", "no:vllm-hil-allure",
+CHECKOUT_PLUGINS = ["-p", "no:vllm_hil", "-p", "no:vllm_hil_allure",
                     "-p", "harness.plugin.hooks", "-p", "harness.plugin.fixtures",
                     "-p", "harness.plugin.allure_report"]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
+from harness.checks.block_timing import check_freed_on_finish
 from harness.checks.promises import (
     check_idle_promises,
     check_promises,
@@ -353,7 +354,8 @@ def ledger_violations(trace: Trace) -> list[Violation]:
     """Every ledger invariant over a step-driven trace, each violation tagged with its step.
 
     Per-step invariants on every snapshot of ``trace.ledger_steps()``; the idle
-    invariant at ``trace.idle_steps()``; the dummy-return rule on the engine steps.
+    invariant at ``trace.idle_steps()``; the dummy-return rule on the engine steps; block
+    timing (``harness.checks.block_timing``) on the steps where requests finished.
     Sorted by step (stable within a step).
     """
     idle = trace.idle_steps()
@@ -363,6 +365,7 @@ def ledger_violations(trace: Trace) -> list[Violation]:
             out.extend(check_step(s, record.step))
     out.extend(check_dummy_returned(trace.steps))
     out.extend(check_runner_lag(trace.ledger_steps()))
+    out.extend(check_freed_on_finish(trace.ledger_steps(), idle))
     for record in trace.ledger_steps():
         if record.step in idle:
             for s in record.kv:

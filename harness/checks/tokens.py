@@ -13,7 +13,9 @@ a near-tie iff all of the following hold:
   ``<= top_k`` among the recorded ``top_logprobs``);
 * ``r`` is within the device's top ``top_k`` at ``N``;
 * ``|p_ref(r) - p_ref(d)| <= prob_tol`` (probabilities, not logprobs);
-* ``|p_dev(d) - p_dev(r)| <= prob_tol``.
+* ``|p_dev(d) - p_dev(r)| <= prob_tol``;
+* ``d`` is the device's own top-1 (``harness.checks.self_consistency``, up to float
+  rounding): a greedy device that did not take its own maximum is a sampler error, not a tie.
 
 A token missing from the recorded ``top_logprobs`` counts as outside the top-k,
 so a trace that recorded fewer than ``top_k`` alternatives can only be stricter.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from harness.checks.self_consistency import inconsistency
 from harness.core.comparison import NearTiePolicy, TokenDiff, TokenOutcome, TraceComparison
 from harness.core.trace import RequestTrace, TokenStep, Trace
 from harness.core.verdict import TOKEN_EQUALITY, Verdict
@@ -58,6 +61,10 @@ def _near_tie_failures(
     ref_rank_in_dev = dev_step.rank_of(r)
     if ref_rank_in_dev is None or ref_rank_in_dev > k:
         reasons.append(f"reference token not in device top-{k}")
+    off = inconsistency("", 0, dev_step)
+    if off is not None:
+        reasons.append(f"device token is not the device's own top-1 (token {off.top1} has"
+                       f" logprob {off.top1_logprob:.4f} > {off.chosen_logprob:.4f})")
     p_ref_r, p_ref_d = math.exp(_own_logprob(ref_step)), ref_step.prob_of(d)
     if p_ref_d is not None:
         gap = abs(p_ref_r - p_ref_d)

@@ -27,6 +27,9 @@ LOGPROB_CLOSENESS = "logprob_closeness"
 # Teacher-forced runs (harness.checks.forcing): every position given the reference's history.
 FORCED_TOKENS = "token_equality.forced"
 FORCED_LOGPROBS = "logprob_closeness.forced"
+# Greedy free run: each chosen token is the device's own top-1 (harness.checks.self_consistency).
+SELF_CONSISTENCY = "greedy_self_consistency"
+SELF_CONSISTENCY_UNRECORDED = "greedy_self_consistency.unrecorded"  # no top-k logprobs to check
 
 
 @dataclass(frozen=True)

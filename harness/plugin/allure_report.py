@@ -1,7 +1,8 @@
 """pytest hooks for the Allure report: labels, parameters, request steps, evidence
 attachments, and the run's report configuration.
 
-Active only when allure-pytest writes results (``--alluredir``). Suites know
+Active only when allure-pytest writes results (``--alluredir``) in a session that asks for
+the harness (activation.py). Suites know
 nothing of it: labels come from the test's module, function and callspec;
 evidence comes from a listener added to the session while the test's call phase
 runs. A test that failed on a verdict gets a ``check`` label with the check's
@@ -19,15 +20,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import allure
 import pytest
-from allure_commons import plugin_manager
-from allure_commons.types import AttachmentType
-from allure_commons.utils import uuid4
+
+try:  # without allure-pytest (a card host may lack it) this plugin loads and does nothing
+    import allure
+    from allure_commons import plugin_manager
+    from allure_commons.types import AttachmentType
+    from allure_commons.utils import uuid4
+except ImportError:
+    allure = None
 
 from harness.checks.logprobs import compare_logprobs
 from harness.core.serialise import snapshot_to_dict
 from harness.core.verdict import VerdictFailed
+from harness.plugin.activation import is_active
 from harness.plugin.invocation import is_worker, writes_nothing
 from harness.plugin.options import ALLURE, add_options, option_value
 from harness.plugin.ordering import shard_with_plan
@@ -56,7 +62,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _active(config: pytest.Config) -> bool:
-    return bool(getattr(config.option, "allure_report_dir", None))
+    return (allure is not None and is_active(config)
+            and bool(getattr(config.option, "allure_report_dir", None)))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -64,7 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # allure-pytest's --clean-alluredir empties the folder in every process; under
     # xdist a worker would delete what another already wrote. Only the controller,
     # which configures before any worker starts, may clean.
-    if is_worker(config) and getattr(config.option, "clean_alluredir", False):
+    if is_active(config) and is_worker(config) and getattr(config.option, "clean_alluredir", False):
         config.option.clean_alluredir = False
 
 
@@ -250,6 +257,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     try:
         if report.when == "setup":
             _label_test(item)
+            emulated = dict(getattr(item, "user_properties", []) or []).get("emulated")
+            if emulated:  # passed on an emulated runtime: never a card's verdict
+                allure.dynamic.tag("emulated")
+                allure.dynamic.parameter("emulated", str(emulated))
             if report.skipped or report.failed:
                 allure.dynamic.parameter("device", _device_of(item, None), excluded=True)
         elif report.when == "call":

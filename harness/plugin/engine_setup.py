@@ -13,8 +13,8 @@ from harness.core.devices import device_root
 from harness.in_engine.faults import ALLOW_EXTERNAL_ENV, parse_fault
 from harness.lab.inventory import load_inventory
 from harness.plugin.options import option_value
-from harness.stacks.host import HOST
-from harness.stacks.spec import StackError, load_stack
+from harness.stacks.host import HOST, is_unpinned
+from harness.stacks.spec import StackError, load_stack, stack_python
 
 
 def check_faults(config: pytest.Config) -> None:
@@ -40,11 +40,18 @@ def export_engine_env(config: pytest.Config) -> None:
 
 
 def check_stack(config: pytest.Config) -> None:
-    if option_value(config, "--stack") != HOST:
-        try:
-            load_stack(option_value(config, "--stack"))
-        except StackError as e:
-            raise pytest.UsageError(f"--stack: {e}") from None
+    """A named stack must exist and, when it has a venv of its own, be installed as pinned: a
+    run on a missing stack would skip every test and pass for the wrong reason."""
+    name = option_value(config, "--stack")
+    if name == HOST:
+        return
+    try:
+        load_stack(name)
+    except StackError as e:
+        raise pytest.UsageError(f"--stack: {e}") from None
+    if not is_unpinned(name) and stack_python(name) is None:
+        raise pytest.UsageError(f"--stack {name}: not installed, or its pins changed since it was"
+                                f" installed: run ./setup.sh --stack {name}")
 
 
 def check_inventory(config: pytest.Config) -> None:

@@ -119,6 +119,10 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
         probe = target_cls.availability_probe(variant)
         if probe is not None:
             _missing(request, probe)
+        if target_cls.needs_device(variant):  # never unleased: it would open what its env names
+            _missing(request, f"{variant.id} runs only on a leased device that serves it, and"
+                     " the inventory (HIL_INVENTORY, else discovery) lists none that is free"
+                     f" and serves {variant.id}: add one (features/backend) or narrow --target")
         return variant
     assert leases is not None
     device_problem = target_cls.device_stack_problem(variant, hil.opts.stack)
@@ -137,5 +141,9 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
         _missing(request, broken)
     # The kind's defaults for the device first; the inventory's env for it (in lease.env()) wins.
     cache_dir = Path(option_value(request.config, "--hil-cache-dir"))
-    return variant.on_device(lease.device.id,
-                             {**target_cls.device_env(lease.device, cache_dir), **lease.env()})
+    env = {**target_cls.device_env(lease.device, cache_dir), **lease.env()}
+    emulated = target_cls.emulated_runtime(variant)
+    if emulated and option_value(request.config, "--allow-emulated-card"):
+        env.update(target_cls.allow_emulated_env())
+        request.node.user_properties.append(("emulated", emulated))
+    return variant.on_device(lease.device.id, env)

@@ -2,21 +2,31 @@
 options (options.py), markers and parametrization (selection.py), what engines run with
 (engine_setup.py), test order, shards and quarantine (ordering.py), output folders and timing
 (outputs.py), the terminal summary (summary.py). Fixtures are in fixtures.py, the Allure
-report's hooks in allure_report.py."""
+report's hooks in allure_report.py.
+
+Every hook acts only in a session that asks for the harness (activation.py); in any other the
+plugin registers only its harness-specific options (giving one asks for it) and is inert."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.plugin import engine_setup, ordering, outputs, selection, summary
+from harness.plugin.activation import active_because, is_active, register_fixtures
 from harness.plugin.options import HOOKS, add_options
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    add_options(parser, HOOKS)
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    # Called as the plugin registers: the session's pytest arguments are parsed, its decision
+    # can be made (a conftest loading the plugin registers it under its module's name).
+    config = pluginmanager.get_plugin("pytestconfig")
+    add_options(parser, HOOKS, generic=config is None or is_active(config))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not is_active(config):
+        return
+    register_fixtures(config)
     # In this order: each refusal names the first bad argument, and nothing is cleaned
     # before every argument is accepted.
     selection.register_markers(config)
@@ -30,29 +40,41 @@ def pytest_configure(config: pytest.Config) -> None:
     outputs.clean_previous_outputs(config)
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    why = active_because(config)
+    return f"vllm-hil: active ({why})" if why else None
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    outputs.mark_time("session_start")
+    if is_active(session.config):
+        outputs.mark_time("session_start")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    outputs.mark_time("collection_done")
+    if is_active(session.config):
+        outputs.mark_time("collection_done")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    outputs.write_timing(session.config)
+    if is_active(session.config):
+        outputs.write_timing(session.config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    selection.parametrize(metafunc)
+    if is_active(metafunc.config):
+        selection.parametrize(metafunc)
 
 
 # Last, so that the shards are planned over what -m and -k left.
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not is_active(config):
+        return
     ordering.order_items(config, items)
     ordering.keep_shard(config, items)
     ordering.quarantine(config, items)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    summary.write_summary(terminalreporter, config)
+    if is_active(config):
+        summary.write_summary(terminalreporter, config)

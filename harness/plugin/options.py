@@ -4,7 +4,9 @@ environment variable.
 ``add_options`` registers them (hooks.py's and allure_report.py's ``pytest_addoption``);
 ``option_value`` reads one. An option's value is the command line's; without it, its environment
 variable's (``env_default``, evaluated when the option is registered, as argparse default);
-without that, its declared default.
+without that, its declared default. In a session that does not ask for the harness
+(activation.py), the generic names (``opts_in=False``: ``--model``, ``--target``...) are not
+registered, so another project's options of those names still work.
 
 The defaults that are also another module's defaults are that module's constants, imported
 here: a value is written once. What the kinds declare (engine-start limits, the backends with a
@@ -58,6 +60,9 @@ class Option:
     metavar: str | None = None
     empty_env_unset: bool = False  # an empty variable counts as unset
     plugin: str = HOOKS
+    # Given on the command line, asks for the harness in a session (activation.py); false for
+    # the generic names another project's suite may use for options of its own.
+    opts_in: bool = True
 
     def declared_default(self) -> Any:
         return self.default() if callable(self.default) else self.default
@@ -81,14 +86,19 @@ def env_default(opt: Option) -> Any:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--model", env="HIL_MODEL", default=DEFAULT_MODELS,
+    Option("--model", opts_in=False, env="HIL_MODEL", default=DEFAULT_MODELS,
            help="comma-separated models: tiny-llama, tiny-granite (built offline) or local"
            f" model folders; env HIL_MODEL; default {DEFAULT_MODELS}"),
-    Option("--target", env="HIL_TARGET", default="",
+    Option("--target", opts_in=False, env="HIL_TARGET", default="",
            help=f"comma-separated target variants or kinds ({', '.join(VARIANTS)}; or"
            f" {', '.join([*engine_kinds(), *all_modes()])}); default all; env HIL_TARGET"),
     Option("--require-device", action="store_true", env="HIL_REQUIRE_DEVICE", default=False,
            help="fail, instead of skip, a test whose device is missing (nightlies)"),
+    Option("--allow-emulated-card", action="store_true", env="HIL_ALLOW_EMULATED_CARD",
+           default=False,
+           help="let device engines run on an emulated vendor runtime (the emulated card host);"
+           " each such result is marked 'emulated' in the report. Without it an engine on the"
+           " emulated runtime fails its test"),
     Option("--near-tie-topk", type=int, default=NEAR_TIE_TOP_K,
            help="near-tie rule: each differing token must be in the other side's top-k"
            f" (default {NEAR_TIE_TOP_K})"),
@@ -120,7 +130,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--hil-clean-results", action="store_true", default=False,
            help="empty --alluredir once the arguments are accepted (hil run passes it, so"
            " a refused run keeps the previous results)"),
-    Option("--inventory", env="HIL_INVENTORY", default="",
+    Option("--inventory", opts_in=False, env="HIL_INVENTORY", default="",
            help="inventory file (TOML or YAML) listing this host's devices; overrides"
            " discovery (env HIL_INVENTORY)"),
     Option("--lease-dir", env="HIL_LEASE_DIR", default=lambda: str(default_lease_dir()),
@@ -131,19 +141,19 @@ OPTIONS: tuple[Option, ...] = (
            f" (default {LEASE_WAIT:g})"),
     Option("--lease-share", action="store_true", default=False,
            help="when all devices are leased, share one instead of waiting"),
-    Option("--shard", env="HIL_SHARD", default="", metavar="I/N",
+    Option("--shard", opts_in=False, env="HIL_SHARD", default="", metavar="I/N",
            help="run only shard I of N (1-based); N hosts with I=1..N run every test once"),
     Option("--shard-durations", env="HIL_SHARD_DURATIONS", default="", metavar="FILE",
            help="balance --shard by these test durations (durations.json"
            " from `hil report`, or a junit xml); default REPORTS_DIR/durations.json when"
            " present, else by test count (env HIL_SHARD_DURATIONS)"),
-    Option("--quarantine", env="HIL_QUARANTINE", default=str(DEFAULT_QUARANTINE),
+    Option("--quarantine", opts_in=False, env="HIL_QUARANTINE", default=str(DEFAULT_QUARANTINE),
            help="known failures: run and reported as known, not failing the run"),
-    Option("--stack", env="HIL_STACK", empty_env_unset=True, default=default_stack,
+    Option("--stack", opts_in=False, env="HIL_STACK", empty_env_unset=True, default=default_stack,
            help="the pinned stack (stacks/NAME.toml) whose venv runs the engines; install it"
            " with ./setup.sh --stack NAME; or host: the Python given by --python, as it is"
            " (env HIL_STACK; default: default in a checkout, else host)"),
-    Option("--python", env="HIL_HOST_PYTHON", default="", metavar="PATH",
+    Option("--python", opts_in=False, env="HIL_HOST_PYTHON", default="", metavar="PATH",
            help="with --stack host: the Python engines run in (default: this one; env"
            " HIL_HOST_PYTHON)"),
     Option("--device-root", env="HIL_DEVICE_ROOT", default="", metavar="DIR",
@@ -179,11 +189,12 @@ OPTIONS: tuple[Option, ...] = (
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 
-def add_options(parser: pytest.Parser, plugin: str) -> None:
-    """Register the options ``plugin`` owns, in their declared order."""
+def add_options(parser: pytest.Parser, plugin: str, generic: bool = True) -> None:
+    """Register the options ``plugin`` owns, in their declared order; without ``generic``, only
+    those that opt in (the generic names stay free for another project's options)."""
     group = parser.getgroup(GROUP)
     for opt in OPTIONS:
-        if opt.plugin != plugin:
+        if opt.plugin != plugin or not (generic or opt.opts_in):
             continue
         attrs: dict[str, Any] = {"default": env_default(opt), "help": opt.help}
         for key in ("type", "action", "metavar"):

@@ -10,8 +10,8 @@ import pytest
 from fixtures.models import MODEL_SPECS
 from harness.plugin.options import option_value
 from harness.scenario.model_folder import ModelFolderError, check_model_folder
-from harness.targets import kind_markers
-from harness.targets.variants import select_variants
+from harness.targets import kind, kind_markers
+from harness.targets.variants import TargetVariant, select_variants
 
 MARKERS = {
     **kind_markers(),  # cpu, spyre, neuron, sb, cb, cp: declared by the kinds (harness/targets/)
@@ -64,6 +64,19 @@ def _model_id(model: str) -> str:
     return model if model in MODEL_SPECS else Path(model).name
 
 
+def _start_allowance(metafunc: pytest.Metafunc, variant: TargetVariant) -> list[pytest.MarkDecorator]:
+    """A device variant whose engine may take longer to start than the harness's default (a
+    card compiles at start) gets its kind's start limit on top of the test's own timeout: no
+    test may time out before its engine is allowed to have started."""
+    by = kind(variant.target).start_timeouts
+    start = by.get(str(variant.backend), by.get(variant.target))
+    declared = metafunc.definition.get_closest_marker("timeout")
+    if not start or declared is None:
+        return []
+    budget = declared.args[0] if declared.args else declared.kwargs.get("timeout")
+    return [pytest.mark.timeout(float(budget) + start)] if budget is not None else []
+
+
 def parametrize(metafunc: pytest.Metafunc) -> None:
     """Parametrize ``model`` over --model and ``target_variant`` over --target (each test's
     ``hil_first_model`` and ``hil_targets`` markers narrowing them)."""
@@ -81,7 +94,8 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
             allowed = {v.id for v in select_variants(",".join(limit.args))}
             variants = [v for v in variants if v.id in allowed]
         params = [
-            pytest.param(v, id=v.id, marks=[getattr(pytest.mark, m) for m in v.markers])
+            pytest.param(v, id=v.id, marks=[*(getattr(pytest.mark, m) for m in v.markers),
+                                             *_start_allowance(metafunc, v)])
             for v in variants
         ]
         metafunc.parametrize("target_variant", params, indirect=True)

@@ -73,7 +73,8 @@ def _device_labels() -> str:
     return "|".join(re.escape(d.label) for d in device_kinds().values() if d.leased)
 
 # Exact check names that belong to another category than their family's.
-_EXACT_CHECKS = frozenset({checks.KV_LEDGER_UNRECORDED, checks.PREEMPTION_UNRECORDED})
+_EXACT_CHECKS = frozenset({checks.KV_LEDGER_UNRECORDED, checks.PREEMPTION_UNRECORDED,
+                           checks.SELF_CONSISTENCY_UNRECORDED})
 
 CATEGORIES: tuple[Category, ...] = (
     Category(
@@ -134,6 +135,12 @@ CATEGORIES: tuple[Category, ...] = (
         families=(checks.LOGPROB_CLOSENESS,),
     ),
     Category(
+        "sampler not greedy",
+        "under greedy sampling the device chose a token that is not the top-1 of its own"
+        " returned logprobs: its sampler or argmax did not take the maximum",
+        families=(checks.SELF_CONSISTENCY,),
+    ),
+    Category(
         "engine crash / harness error",
         "the engine failed to start, died or refused a call, or the harness refused the"
         " configuration or recorded nothing to check",
@@ -147,7 +154,8 @@ CATEGORIES: tuple[Category, ...] = (
             _EXC + r"Engine\w*(?:Error|Crashed):",
             _EXC + r"ConfigError:",
         ),
-        checks=(checks.KV_LEDGER_UNRECORDED, checks.PREEMPTION_UNRECORDED),
+        checks=(checks.KV_LEDGER_UNRECORDED, checks.PREEMPTION_UNRECORDED,
+                checks.SELF_CONSISTENCY_UNRECORDED),
     ),
     # Any other exception than an assertion is the harness's or the stack's error.
     Category(

@@ -24,6 +24,7 @@ from harness.checks.exposure import ExposureTally
 from harness.checks.forcing import compare_forced
 from harness.checks.ledger import check_idle_ledgers, check_ledger
 from harness.checks.logprobs import compare_logprobs
+from harness.checks.self_consistency import check_self_consistency
 from harness.checks.tokens import compare_traces, token_verdict
 from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig
@@ -250,18 +251,36 @@ class HilSession:
         self, model: Model, scenario: Scenario, trace: Trace, reference: Trace | None = None
     ) -> Verdict:
         """Token equality of ``trace`` against the CPU reference (computed when not given);
-        accepted near-ties are kept for the run summary."""
+        accepted near-ties are kept for the run summary. When the device's own logprobs say a
+        chosen token is not its top-1 (``_self_consistency``), that verdict is returned instead:
+        a sampler error, whether or not token equality let it pass as a near-tie."""
         reference = self.reference(model, scenario) if reference is None else reference
         with self.timers.timed("checks"):
             policy = self._near_tie_policy(trace)
             comparison = compare_traces(reference, trace, policy=policy)
             verdict = token_verdict(comparison, model.decode, scenario.prompts_by_id())
+            greedy = self._self_consistency(trace, verdict)
         for d in comparison.near_ties:
             self.near_ties.append(
                 f"{trace.target} {scenario.name} request {d.request_id} position {d.position}"
             )
         self.listeners.on_comparison(scenario, reference, trace, comparison, model.decode)
-        return verdict
+        return verdict if greedy is None else greedy
+
+    @staticmethod
+    def _self_consistency(trace: Trace, tokens: Verdict) -> Verdict | None:
+        """The greedy self-consistency verdict of ``trace``'s free run when it failed, with the
+        token-equality outcome appended; None when it held. Every engine call of the harness
+        samples greedily (temperature 0, ``harness.in_engine.process``). It runs where the trace
+        recorded top-k logprobs: without them the near-tie rule accepts no difference, so a
+        sampler error cannot hide behind it."""
+        if not any(s.top_logprobs for r in trace.requests.values() for s in r.steps):
+            return None
+        v = check_self_consistency(trace, greedy=True)
+        if v.ok:
+            return None
+        return Verdict.failed(v.check, v.why, at=v.at, details=(
+            f"{v.details}\n\ntoken equality against the reference: {tokens.why}"))
 
     def _near_tie_policy(self, trace: Trace) -> NearTiePolicy:
         """The near-tie rule for ``trace``: its kind's, for its backend (tolerance, dtypes)."""

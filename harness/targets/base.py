@@ -19,7 +19,7 @@ and return the same ``Trace`` (``harness.targets.runner``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from harness.checks.dummy_padding import dummy_padding_verdict
 from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig, WarmupShape
-from harness.core.devices import DeviceScan, InventoryDevice
+from harness.core.devices import InventoryDevice
 from harness.core.verdict import Verdict
+from harness.targets.device_kind import CPU_DEVICE, DeviceKind
 
 if TYPE_CHECKING:
     from harness.core.trace import Trace
@@ -48,41 +49,6 @@ OFFLINE_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
-
-# -- the device a kind runs on ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeviceKind:
-    """A kind of device as the inventory, leases and discovery see it."""
-
-    name: str  # the inventory's ``kind``
-    label: str  # in messages: "no Spyre device found"
-    leased: bool  # one pytest process at a time per device (the CPU is shared)
-    backends: tuple[str, ...] = ()  # inventory ``backend`` values; the first is the default
-    address_under: str | None = None  # where an inventory ``address`` is checked, below root
-    discover: Callable[[Path], DeviceScan] | None = None  # sysfs / /dev scan
-    # The inventory entries discovery makes of a scan (ids, env per device).
-    to_inventory: Callable[[DeviceScan], list[InventoryDevice]] | None = None
-    # The environment an inventory entry's kind-specific keys give its lease (``where`` names
-    # the entry in errors, raised as ConfigError); None: the kind has no keys of its own.
-    inventory_env: Callable[[dict[str, Any], str], dict[str, str]] | None = None
-    inventory_keys: tuple[str, ...] = ()  # those keys, refused on every other kind
-    # Driver or firmware versions the host shows for this kind, for the report's environment.
-    host_properties: Callable[[Path, DeviceScan], dict[str, str]] | None = None
-
-    @property
-    def default_backend(self) -> str | None:
-        return self.backends[0] if self.backends else None
-
-    def address_path(self, address: str, root: Path) -> Path | None:
-        """The path whose existence says an inventory device is present (None: not checked)."""
-        if self.address_under is None:
-            return None
-        return root / self.address_under / address.removeprefix(f"/{self.address_under}/")
-
-
-CPU_DEVICE = DeviceKind(name="cpu", label="CPU", leased=False)
 
 # What a device computes in where its kind says nothing else (vLLM loads our fp32 checkpoints).
 MODEL_DTYPE = "the model's dtype (fp32)"
@@ -287,6 +253,23 @@ class TargetKind:
     def availability_probe(cls, variant: TargetVariant) -> str | None:
         """None when this machine can run ``variant``, else a precise reason to skip."""
         return None
+
+    @classmethod
+    def needs_device(cls, variant: TargetVariant) -> bool:
+        """Whether engines of ``variant`` run only under a lease of a device that serves it
+        (never unleased, where they would open whatever their environment names)."""
+        return cls.device.leased
+
+    @classmethod
+    def emulated_runtime(cls, variant: TargetVariant) -> str | None:
+        """What of ``variant``'s device runtime is emulated on this host (a line for the
+        report), or None where it is the vendor's own."""
+        return None
+
+    @classmethod
+    def allow_emulated_env(cls) -> dict[str, str]:
+        """What an engine's environment says when the run allows an emulated runtime."""
+        return {}
 
     @classmethod
     def serves(cls, device: InventoryDevice, backend: str | None, mode: str | None) -> bool:

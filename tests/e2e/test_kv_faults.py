@@ -146,8 +146,10 @@ VLLM_POOL_FAULTS = {
 }
 
 
-@pytest.mark.parametrize("probes", list(PROBES))
-@pytest.mark.parametrize("fault", list(VLLM_POOL_FAULTS))
+# Each in full reads; the ref-count fault (the one a delta carries least directly) also as
+# deltas: the delta reads of every fault are proven on the spyre-1.10 runs above.
+@pytest.mark.parametrize(("fault", "probes"), [
+    *((f, "full") for f in VLLM_POOL_FAULTS), ("extra-ref", "delta")])
 def test_vllm_pool_fault_breaks_its_invariant_on_vllm_cpu_and_spyre_eager_cp(tmp_path, fault,
                                                                            probes):
     invariant, phrase = VLLM_POOL_FAULTS[fault]
@@ -158,6 +160,20 @@ def test_vllm_pool_fault_breaks_its_invariant_on_vllm_cpu_and_spyre_eager_cp(tmp
     assert_read_as(run, probes)
     for target in ("vllm-cpu", "spyre-eager-cp"):
         assert_first_broken(run, f"{target}-{BACK_TO_IDLE}", invariant, "vllm-scheduler", phrase)
+
+
+def test_blocks_freed_one_step_late_break_block_timing(tmp_path):
+    """free-late on both targets in one child pytest: every block is still owned (conservation
+    holds) and all are free at idle, so only block timing fires, at a finishing step."""
+    run = run_suite(tmp_path, "suites/test_block_freeing.py", "-k", "finish-back-to-idle",
+                    "--model", "tiny-llama", "--target", "vllm-cpu,spyre-eager-cp",
+                    "--inject-fault", "free-late")
+    assert len(failing_messages(run)) == 2, run.outcomes
+    for target in ("vllm-cpu", "spyre-eager-cp"):
+        message = assert_first_broken(run, f"{target}-{BACK_TO_IDLE}", "freed_on_finish",
+                                      "vllm-scheduler", "block timing: request r",
+                                      "after that step (freed late: given back at step")
+        assert "invariants broken: freed_on_finish\n" in message, message[:3000]
 
 
 def test_blocks_kept_after_finish_and_a_crash_mid_run(tmp_path):

@@ -52,6 +52,8 @@ def test_the_expected_categories_are_real_categories():
     samples = {
         "token mismatch": "harness.core.verdict.VerdictFailed: [check token_equality] token mismatch: vllm-cpu at position 5",
         "logprob drift": "harness.core.verdict.VerdictFailed: [check logprob_closeness] logprobs differ",
+        "sampler not greedy": "harness.core.verdict.VerdictFailed: [check greedy_self_consistency]"
+                              " greedy self-consistency: request r0 position 13 chose token 1",
         "block leak": "harness.core.verdict.VerdictFailed: [check kv_ledger.conservation] kv invariant conservation broken at step 3",
         "recompute": "harness.core.verdict.VerdictFailed: [check full_batch] full batch never reached: max_num_seqs=4",
         "timeout": "harness.engine.host.EngineTimeout: engine gave no answer within 15 s; killed it",

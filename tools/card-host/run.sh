@@ -3,10 +3,14 @@
 #  1. a "card image": a venv whose site-packages already hold the stack (a .pth onto the default
 #     stack's site-packages, as a vendor base image with system site packages would), plus the
 #     emulated torch_sendnn (emulation/torch_sendnn);
-#  2. the harness pip-installed into it, non-editable, from a copy of this checkout's files;
+#  2. the harness pip-installed into it, non-editable, from a copy of this checkout's files (its
+#     suites land in the image's share/vllm-hil/suites);
 #  3. a fake device tree with two Spyre cards (PCI 1014:06a7, VFIO groups) and an inventory;
-#  4. `pytest -m spyre` run from another folder with the suites: discovery, leases, card env,
-#     one engine per card, the on-card verification, every card suite, no skip allowed.
+#  4. the README's card-host commands, run from another folder: `hil devices --inventory ...`,
+#     then `hil suites -m spyre --inventory ... --require-device --allow-emulated-card` (the
+#     installed suites, as the README gives them, with the emulated runtime allowed):
+#     discovery, leases, card env, one engine per card, the on-card verification, every card
+#     suite, no skip allowed.
 # Everything lands in $HIL_CARD_HOST_DIR (default .hil-cache/card-host, git-ignored); steps 1-3
 # are redone only when their inputs changed. Extra arguments go to pytest (a selection, faults).
 #
@@ -29,7 +33,7 @@ tree_files() {
 }
 
 # 1+2. The card image, rebuilt when the harness's or the emulation's files change.
-stamp=$(cd "$REPO" && tree_files harness fixtures emulation pyproject.toml \
+stamp=$(cd "$REPO" && tree_files harness fixtures suites emulation pyproject.toml \
         | sort | xargs sha256sum | sha256sum | cut -c1-16)
 if [ "$(cat "$IMAGE/.card-image-stamp" 2>/dev/null)" != "$stamp" ]; then
   echo "card-host: building the card image in $IMAGE" >&2
@@ -42,7 +46,7 @@ if [ "$(cat "$IMAGE/.card-image-stamp" 2>/dev/null)" != "$stamp" ]; then
   # the stack is there before the harness: vLLM and a Spyre plugin of either generation
   "$PY" -c 'import importlib.util as u, vllm, torch, pip; assert u.find_spec("sendnn_inference") or u.find_spec("vllm_spyre"), "no Spyre plugin in the base stack"'
   mkdir -p "$WORK/src"
-  (cd "$REPO" && tree_files harness fixtures emulation pyproject.toml README.md \
+  (cd "$REPO" && tree_files harness fixtures suites emulation pyproject.toml README.md \
      | tar -cf - -T -) | tar -C "$WORK/src" -xf -
   pipi() { "$PY" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation --no-index "$@"; }
   pipi "$WORK/src/emulation/torch_sendnn"   # the vendor runtime, emulated
@@ -56,11 +60,11 @@ rm -rf "$WORK/host-root"
 "$PY" "$REPO/tools/card-host/fake_device_tree.py" "$WORK/host-root" --cards 2 \
   --inventory "$WORK/inventory.toml" >/dev/null
 
-# 4. Run from another folder: the suites as a lab checks them out, outputs in that folder.
+# 4. Run from another folder: the installed suites (hil suites), outputs in that folder, configured
+#    by its pytest.ini.
 RUN=${HIL_CARD_HOST_RUN_DIR:-$WORK/run}
 rm -rf "$RUN/suites" "$RUN/reports" "$RUN/leases"
 mkdir -p "$RUN"
-cp -r "$REPO/suites" "$RUN/suites"
 cat > "$RUN/pytest.ini" <<'INI'
 [pytest]
 addopts = --strict-markers -ra -p no:cacheprovider
@@ -83,9 +87,12 @@ if [ $# -eq 0 ]; then
          -n "${HIL_CARD_HOST_WORKERS:-2}"
 fi
 # The order of tests by engine configuration comes from a plan-only pass (no engine starts).
-"$PY" -m pytest suites -m spyre --stack host --model tiny-llama -q --hil-plan "$@" >/dev/null || true
+"$IMAGE/bin/hil" suites -m spyre --inventory "$HIL_INVENTORY" --allow-emulated-card --stack host \
+  --model tiny-llama -q --hil-plan "$@" >/dev/null || true
 rc=0
-"$PY" -m pytest suites -m spyre --stack host --model tiny-llama --require-device \
+# The runtime here is the emulated torch_sendnn: the run says so, and each result is marked.
+"$IMAGE/bin/hil" suites -m spyre --inventory "$HIL_INVENTORY" --require-device --allow-emulated-card \
+  --alluredir "$RUN/reports/allure-results" --stack host --model tiny-llama \
   --junitxml="$RUN/reports/junit.xml" "$@" || rc=$?
 echo "card-host: wall time $(( $(date +%s) - t0 )) s (rc=$rc)" >&2
 exit $rc

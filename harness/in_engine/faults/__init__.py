@@ -9,7 +9,7 @@ Faults print a ``[hil] fault`` line to the engine log when they fire.
 
 Each fault is registered where it is defined (``@fault("NAME")``,
 ``harness.in_engine.fault_registry``), in a module per subsystem it patches: ``block_pool``
-(vLLM's block pool and KV cache managers), ``scheduler`` (preemptions and their counters),
+(vLLM's block pool and KV cache managers), ``scheduler`` (preemptions and their counters, when a finished request's blocks are freed),
 ``logits`` (what the sampler sees) and ``engine`` (the engine process, its KV block count); a
 target kind's own faults live in its package, in the modules its ``fault_modules`` names,
 which the kind registry loads here. The registry sits beside this package, not in it, so a

@@ -1,7 +1,8 @@
 """Faults in the numbers the model hands to vLLM's sampler: its logits, as a kernel error would.
 
-One wrong token far from a near-tie, every logit scaled (tokens equal, logprobs off), and
-a device that wanders off a few tokens after an honest near-tie.
+One wrong token far from a near-tie, every logit scaled (tokens equal, logprobs off), a
+device that wanders off a few tokens after an honest near-tie, and a greedy sampler that takes
+the runner-up where the top two are close (its own logprobs left true).
 """
 
 from __future__ import annotations
@@ -119,3 +120,36 @@ def drift_after_near_tie(config: dict[str, Any], after: str = "3", tol: str = "0
         return logits
 
     _patch_logits(perturb)
+
+
+@fault("runner-up-when-close")
+def runner_up_when_close(config: dict[str, Any], tol: str = "0.5") -> None:
+    """A greedy sampler that does not take the maximum: wherever a batch row's top two logits
+    are within ``tol`` (nats; for a greedy row the logit gap is the logprob gap), vLLM's greedy
+    argmax (``Sampler.greedy_sample``) returns the runner-up. The logprobs vLLM returns are
+    computed beside it from the same logits, so they stay the true ones: the sampled token's own
+    logprob and rank say it is second. At every such step, not once; rows whose runner-up is
+    masked (a teacher-forced row) keep their token."""
+    import torch  # defers a heavy import
+    from vllm.v1.sample.sampler import Sampler  # defers a heavy import
+
+    gap_tol = float(tol)
+    original = Sampler.greedy_sample  # a staticmethod: the plain function
+    said = Once()  # the damage is done at every close step; the log line is printed once
+
+    def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+        sampled = original(logits)
+        if not armed() or logits.dim() != 2 or logits.shape[-1] < 2:
+            return sampled
+        top = torch.topk(logits, 2, dim=-1)
+        close = (top.values[:, 0] - top.values[:, 1]) <= gap_tol  # False for NaN and -inf gaps
+        if not bool(close.any()):
+            return sampled
+        if said.due():
+            r = int(torch.nonzero(close).flatten()[0])
+            said.fire(f"[hil] fault runner_up_when_close fired: row {r} took token"
+                      f" {int(top.indices[r, 1])} over {int(top.indices[r, 0])} (gap"
+                      f" {float(top.values[r, 0] - top.values[r, 1]):.4f} <= {gap_tol:g})")
+        return torch.where(close, top.indices[:, 1].to(sampled.dtype), sampled)
+
+    Sampler.greedy_sample = staticmethod(greedy_sample)  # type: ignore[method-assign]

@@ -1,14 +1,22 @@
-"""Faults in vLLM's scheduling of requests: its preemptions and what it reports of them.
+"""Faults in vLLM's scheduling of requests: its preemptions, what it reports of them, and
+when it frees a finished request's blocks.
 
 A preemption made unrecorded, one forced where the pool would never run out by itself,
-and the vllm:num_preemptions counter missing from the engine's metrics.
+the vllm:num_preemptions counter missing from the engine's metrics, and a finished
+request's blocks freed one engine step late.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.in_engine.fault_registry import RUNNER_PREEMPTION, Once, fault, run_target_hook
+from harness.in_engine.fault_registry import (
+    RUNNER_PREEMPTION,
+    Once,
+    armed,
+    fault,
+    run_target_hook,
+)
 
 
 @fault("silent-preemption")
@@ -83,3 +91,42 @@ def hide_preemption_counter(config: dict[str, Any]) -> None:
         return [m for m in original(self, *a, **kw) if m.name != "vllm:num_preemptions"]
 
     LLM.get_metrics = get_metrics  # type: ignore[method-assign]
+
+
+@fault("free-late")
+def free_late(config: dict[str, Any]) -> None:
+    """vLLM's scheduler frees a finished request's blocks one engine step late: its KV cache
+    manager keeps them (still owned, so conservation holds) until the scheduler's next
+    ``schedule`` call, which frees them before it schedules anything (admission sees the
+    same free blocks as without the fault, and nothing is left at idle). Preemptions free
+    at once; every finish is late once armed, the log line is printed once."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager  # defers a heavy import
+    from vllm.v1.core.sched.scheduler import Scheduler  # defers a heavy import
+
+    free, init = KVCacheManager.free, Scheduler.__init__
+    late: dict[int, list[Any]] = {}  # id(KV cache manager) -> finished requests not freed yet
+    said = Once()
+
+    def free_later(self: Any, request: Any) -> None:
+        if not (armed() and request.is_finished()):
+            return free(self, request)
+        late.setdefault(id(self), []).append(request)
+        if said.due():
+            said.fire(f"[hil] fault free_late fired: {request.request_id}'s blocks freed one"
+                      " step late")
+        return None
+
+    def __init__(self: Any, *a: Any, **kw: Any) -> None:
+        init(self, *a, **kw)
+        schedule = self.schedule  # the engine's own scheduler class's
+
+        def schedule_after_late_frees(*sa: Any, **skw: Any) -> Any:
+            manager = self.kv_cache_manager
+            for request in late.pop(id(manager), []):
+                free(manager, request)
+            return schedule(*sa, **skw)
+
+        self.schedule = schedule_after_late_frees
+
+    KVCacheManager.free = free_later  # type: ignore[method-assign]
+    Scheduler.__init__ = __init__  # type: ignore[method-assign]

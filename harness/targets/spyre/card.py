@@ -75,17 +75,21 @@ def card_env(device: Any, cache_dir: Path) -> dict[str, str]:
     if device.kind != "spyre" or (device.backend or "sendnn") != "sendnn":
         return {}
     env = dict(CARD_ENV_DEFAULTS)
-    # The compile cache, created as upstream's setup does (the runtime does not create it).
-    sendnn_cache = Path(dict(device.env).get("TORCH_SENDNN_CACHE_DIR")
-                        or cache_dir / "sendnn" / device.id)
-    sendnn_cache.mkdir(parents=True, exist_ok=True)
-    env["TORCH_SENDNN_CACHE_DIR"] = str(sendnn_cache)
+    env["TORCH_SENDNN_CACHE_DIR"] = str(cache_dir / "sendnn" / device.id)
     inv_env = dict(device.env)
     address = device.address or inv_env.get("AIU_WORLD_RANK_0", "")
     if address:
         env["AIU_WORLD_RANK_0"] = address
         env["HIL_CARD_ADDRESS"] = address  # what the verification expects the runtime to open
     return env
+
+
+def prepare_card_start(env: dict[str, str]) -> None:
+    """Before a card engine starts: its compile cache folder exists, created as upstream's
+    setup does (the runtime does not create it, and a missing one fails a cached start)."""
+    cache = env.get("TORCH_SENDNN_CACHE_DIR")
+    if cache:
+        Path(cache).mkdir(parents=True, exist_ok=True)
 
 
 def inherited_card_env(environ: Any) -> list[tuple[str, str, str]]:
@@ -136,33 +140,51 @@ def opened_devices(log_text: str) -> list[str]:
     return [m.group(1).rstrip(",;") for m in _OPENED.finditer(log_text)]
 
 
+# Set in a card engine's env when the run allows the emulated runtime (--allow-emulated-card).
+ALLOW_EMULATED_ENV = "HIL_ALLOW_EMULATED_CARD"
+
+
 def verify_card_engine(cfg: Any, info: dict[str, Any], log_text: str) -> str | None:
     """None when the engine of ``cfg`` runs vllm-spyre's Spyre platform with the sendnn backend
-    on the leased card; else what was expected and what was seen."""
-    if cfg.target != "spyre" or cfg.backend != "sendnn" or not cfg.device:
+    on the leased card; else what was expected and what was seen. Mandatory for every sendnn
+    engine: one with no leased card, or on the emulated runtime in a run that does not allow
+    it, is refused."""
+    if cfg.target != "spyre" or cfg.backend != "sendnn":
         return None
-    expected_addr = dict(cfg.extra_env).get("HIL_CARD_ADDRESS", "")
+    if not cfg.device:
+        return (f"engine {cfg.label} runs the sendnn backend with no leased card: a card engine"
+                " starts only under a lease of a card that serves its variant (an unleased one"
+                " would open whatever card or simulator its environment names)")
+    env = dict(cfg.extra_env)
+    expected_addr = env.get("HIL_CARD_ADDRESS", "")
     card = info.get("card", {})
     opened = opened_devices(log_text)
     seen_addrs = sorted({a for o in opened for a in _PCI.findall(o)})
     flex_device = (card.get("env") or {}).get("FLEX_DEVICE") or "VFIO"
+    allow_emulated = env.get(ALLOW_EMULATED_ENV) == "1"
     expected = {
         "platform": "SpyrePlatform",
         "dynamo backend": "sendnn",
         "FLEX_COMPUTE": "SENTIENT",
         "opened": (f"SEN:{flex_device}:{expected_addr}" if expected_addr
                    else f"SEN:{flex_device}:<the leased card>"),
+        "runtime": "torch_sendnn" + (" (the emulated one allowed)" if allow_emulated else ""),
     }
+    emulated = bool(card.get("torch_sendnn_emulated"))
     seen = {
         "platform": info.get("platform"),
         "dynamo backend": card.get("dynamo_backend"),
         "FLEX_COMPUTE": (card.get("env") or {}).get("FLEX_COMPUTE"),
         "opened": ", ".join(opened) or "nothing (no 'Opened:' line in the engine log)",
+        "runtime": f"torch_sendnn {card.get('torch_sendnn', '?')}"
+                   + (" (emulated)" if emulated else ""),
     }
     problems = [k for k in ("platform", "dynamo backend", "FLEX_COMPUTE") if seen[k] != expected[k]]
     on_card = [o for o in opened if o.startswith(f"SEN:{flex_device}")]
     if not on_card or (expected_addr and seen_addrs != [expected_addr]):
         problems.append("opened")
+    if emulated and not allow_emulated:
+        problems.append("runtime")
     if not problems:
         return None
     lines = [f"engine {cfg.label} on {cfg.device} is not the leased card's Spyre sendnn engine"
@@ -171,6 +193,9 @@ def verify_card_engine(cfg: Any, info: dict[str, Any], log_text: str) -> str | N
     if "opened" in problems and not opened:
         lines.append("  the runtime logs the card it opens at DTLOG_LEVEL=INFO; check that the"
                      " inventory env does not lower it")
+    if "runtime" in problems:
+        lines.append("  the engine ran on the emulated torch_sendnn, not a card's runtime; a run"
+                     " on the emulated card host says --allow-emulated-card")
     return "\n".join(lines)
 
 

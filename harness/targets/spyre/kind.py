@@ -26,16 +26,22 @@ from harness.targets.base import (
 )
 from harness.targets.spyre import padding
 from harness.targets.spyre.card import (
+    ALLOW_EMULATED_ENV,
     NEAR_TIE_TOL_SENDNN,
     SENDNN_START_TIMEOUT,
     card_env,
     engine_card_info,
     inherited_card_env,
     near_tie_policy,
+    prepare_card_start,
     torch_sendnn_status,
     verify_card_engine,
 )
-from harness.targets.spyre.card_report import card_stack_lines, card_stack_problem
+from harness.targets.spyre.card_report import (
+    card_stack_lines,
+    card_stack_problem,
+    engine_python_sendnn,
+)
 from harness.targets.spyre.discovery import discover_spyre, host_properties
 from harness.targets.spyre.generations import (
     GENERATIONS,
@@ -215,6 +221,21 @@ class SpyreTarget(VllmTarget):
                 or verify_card_engine(self.cfg, info, log_text))
 
     @classmethod
+    def emulated_runtime(cls, variant: Any) -> str | None:
+        if variant.backend != "sendnn":
+            return None
+        version, _ = engine_python_sendnn()
+        return f"torch_sendnn {version}" if version and "(emulated)" in version else None
+
+    @classmethod
+    def allow_emulated_env(cls) -> dict[str, str]:
+        return {ALLOW_EMULATED_ENV: "1"}
+
+    @classmethod
+    def needs_device(cls, variant: Any) -> bool:
+        return variant.backend == "sendnn"  # eager runs on the CPU
+
+    @classmethod
     def serves(cls, device: InventoryDevice, backend: str | None, mode: str | None) -> bool:
         # An inventory may list an eager (CPU-mode) stand-in as a spyre device.
         return super().serves(device, backend, mode) and (device.backend or "sendnn") == backend
@@ -279,6 +300,8 @@ class SpyreTarget(VllmTarget):
                 gen.var("WARMUP_NEW_TOKENS"): str(cfg.warmup.new_tokens),
                 gen.var("WARMUP_BATCH_SIZES"): str(cfg.warmup.batch_size),
             })
+        if cfg.backend == "sendnn":  # called just before the start: the card's cache exists
+            prepare_card_start({**env, **dict(cfg.extra_env)})
         return env
 
     def llm_kwargs(self) -> dict[str, Any]:

@@ -30,6 +30,9 @@ class Row:
 
 
 ROWS = [
+    # A run on a stack that is not installed would skip every test and pass for the wrong reason.
+    Row("stack-not-installed", ["--stack", "neuron-config"], USAGE,
+        ["--stack neuron-config: not installed", "run ./setup.sh --stack neuron-config"]),
     Row("inventory-address-a-number", ["--inventory", "{inv.toml}"], USAGE,
         ["inv.toml: device #1 ('card0'): address 59 is a number, expected a string",
          'quote it (address = "...")'],

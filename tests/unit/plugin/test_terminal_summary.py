@@ -10,7 +10,7 @@ def test_run_summary_names_bad_reference_entries(tmp_path):
     session.ref_cache.bad.append("x.json: wrong shape; recomputed")
     path = session.write_stats("main")
     assert json.loads(path.read_text())["reference_bad"] == ["x.json: wrong shape; recomputed"]
-    from harness.plugin.hooks import pytest_terminal_summary
+    from harness.plugin.summary import write_summary
 
     class Reporter:
         stats: dict = {}
@@ -29,6 +29,6 @@ def test_run_summary_names_bad_reference_entries(tmp_path):
             return {"--hil-reports-dir": str(tmp_path), "--stack": "default"}[name]
 
     tr = Reporter()
-    pytest_terminal_summary(tr, Config())
+    write_summary(tr, Config())
     assert "reference cache: 1 bad entry recomputed" in tr.lines
     assert "  bad entry: x.json: wrong shape; recomputed" in tr.lines

@@ -287,11 +287,31 @@ def test_inherited_card_variables_are_listed_with_what_they_do() -> None:
     assert props["env.VLLM_DT_MAX_BATCH_TKV_LIMIT"].startswith("8192 (changes every Spyre engine")
 
 
-def test_card_env_creates_the_compile_cache(tmp_path) -> None:
-    from harness.core.devices import InventoryDevice
-    from harness.targets.spyre.card import card_env
+def test_a_card_engine_without_a_lease_is_refused() -> None:
+    problem = card.verify_card_engine(card_cfg(device=""), good_info(), f"Opened: SEN:VFIO:{ADDR}\n")
+    assert problem is not None and "with no leased card" in problem
 
-    dev = InventoryDevice(id="spyre0", kind="spyre", backend="sendnn", address="0000:3b:00.0")
-    env = card_env(dev, tmp_path)
+
+def test_the_emulated_runtime_fails_unless_the_run_allows_it() -> None:
+    info = good_info()
+    info["card"].update(torch_sendnn="1.0.0", torch_sendnn_emulated=True)
+    log = f"Opened: SEN:VFIO:{ADDR} (iommu group 40)\n"
+    problem = card.verify_card_engine(card_cfg(), info, log)
+    assert problem is not None and "wrong runtime" in problem.splitlines()[0]
+    assert "--allow-emulated-card" in problem
+    env = {**card.card_env(card_device(), Path("/c")), card.ALLOW_EMULATED_ENV: "1"}
+    assert card.verify_card_engine(card_cfg(env), info, log) is None
+
+
+def test_flex_device_from_the_inventory_is_what_the_verification_expects() -> None:
+    info = good_info()
+    info["card"]["env"]["FLEX_DEVICE"] = "PF"
+    assert card.verify_card_engine(card_cfg(), info, f"Opened: SEN:PF:{ADDR}\n") is None
+    problem = card.verify_card_engine(card_cfg(), info, f"Opened: SEN:VFIO:{ADDR}\n")
+    assert problem is not None and f"expected SEN:PF:{ADDR}" in problem
+
+
+def test_a_card_start_creates_its_compile_cache(tmp_path) -> None:
+    env = card.card_env(card_device(), tmp_path)
+    card.prepare_card_start(env)
     assert Path(env["TORCH_SENDNN_CACHE_DIR"]).is_dir()
-    assert env["TORCH_SENDNN_CACHE_DIR"] == str(tmp_path / "sendnn" / "spyre0")
