@@ -119,7 +119,7 @@ CPU_CASES: tuple[Case, ...] = (
 )
 # Faults that need a card (their check is the on-card verification); tests/e2e/test_card_host.py
 # proves them on the emulated card host.
-CARD_ONLY_FAULTS = ("open-other-card",)
+CARD_ONLY_FAULTS = ("open-other-card", "open-simulator")
 # On a card the faults that patch vLLM itself apply; the device is required, not skipped.
 CARD_CASES: dict[str, tuple[Case, ...]] = {
     kind: tuple(

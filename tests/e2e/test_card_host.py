@@ -122,12 +122,20 @@ def test_a_fault_fails_each_suite_on_the_emulated_card(tmp_path: Path, selection
     assert classify("failed", text.split("\n")[0]) == category, text[:2000]
 
 
-def test_an_engine_on_another_card_fails_the_verification(tmp_path: Path) -> None:
-    # The fault points the runtime at card1 while the harness leased card0.
+def test_an_engine_on_another_card_or_the_simulator_fails_the_verification(tmp_path: Path) -> None:
+    # One run, two engines: on cp the runtime is pointed at card1 while the harness leased
+    # card0; on pc it opens the simulator (FLEX_COMPUTE=SENULATOR).
     rc, out, results, _ = card_host(
-        tmp_path / "run", "-k", "token_equality and cp-pair",
-        "--inject-fault", "open-other-card:address=0000:3c:00.0")
+        tmp_path / "run", "-k", "token_equality and (cp-pair or pc-pair)",
+        "--inject-fault", "open-other-card:address=0000:3c:00.0,variant=spyre-sendnn-cp",
+        "--inject-fault", "open-simulator:variant=spyre-sendnn-pc")
     assert rc == 1, out[-4000:]
-    text = _one_failure(results, out)
-    assert "is not the leased card's Spyre sendnn engine (wrong opened)" in text
-    assert "opened: expected SEN:VFIO:0000:3b:00.0, seen SEN:VFIO:0000:3c:00.0" in text
+    failed = {name: m for name, (o, m) in results.items() if o in ("failure", "error")}
+    assert len(failed) == 2, out[-4000:]
+    other = next(m for n, m in failed.items() if "spyre-sendnn-cp" in n)
+    assert "is not the leased card's Spyre sendnn engine (wrong opened)" in other
+    assert "opened: expected SEN:VFIO:0000:3b:00.0, seen SEN:VFIO:0000:3c:00.0" in other
+    simulator = next(m for n, m in failed.items() if "spyre-sendnn-pc" in n)
+    assert "(wrong FLEX_COMPUTE, opened)" in simulator, simulator[:2000]
+    assert "FLEX_COMPUTE: expected SENTIENT, seen SENULATOR" in simulator
+    assert "seen SENULATOR" in simulator.split("opened: expected", 1)[1]

@@ -270,6 +270,15 @@ def misname_dummy(config: dict[str, Any]) -> None:
 # -- the card
 
 
+@fault("open-simulator")
+def open_simulator(config: dict[str, Any]) -> None:
+    """The engine's runtime opens the simulator instead of the leased card (FLEX_COMPUTE not
+    SENTIENT, as the plugin's spyre_setup defaults it when unset), to prove the on-card
+    verification fails on a simulator run."""
+    os.environ["FLEX_COMPUTE"] = "SENULATOR"
+    print("[hil] fault open-simulator: FLEX_COMPUTE=SENULATOR", flush=True)
+
+
 @fault("open-other-card")
 def open_other_card(config: dict[str, Any], address: str) -> None:
     """The engine's runtime is pointed at another card than the leased one (its
