@@ -76,10 +76,15 @@ def test_drift_after_a_near_tie_fails_the_teacher_forced_run(tmp_path, target):
     assert run.returncode == 1, run.output[-3000:]
     failed = run.failed()
     assert failed, run.outcomes
+    caught = {}
     for name in failed:
         message = run.messages[name]
-        # The free run accepted the near-tie (its check passed); the forced run caught it.
-        assert "[check token_equality.forced] token mismatch given the reference's history" \
-            in message, message[:800]
-        assert classify("failed", first_line(message)) == "token mismatch"
+        # The free run accepted the near-tie (its check passed); the forced run caught the drift
+        # that follows it: as a token it flipped, or (where the drift stayed under the next
+        # token's margin: which depends on the CPU's kernels) as its logprobs beyond tolerance.
+        caught[name] = run.check(name)
+        assert caught[name] in ("token_equality.forced", "logprob_closeness.forced"), message[:800]
+        category = "token mismatch" if caught[name] == "token_equality.forced" else "logprob drift"
+        assert classify("failed", first_line(message)) == category, message[:800]
+    assert "token_equality.forced" in caught.values(), caught
     assert "near-ties accepted: 0" not in run.output
