@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from harness.checks.logprobs import own_logprob
 from harness.core.trace import TokenStep, Trace
 from harness.core.verdict import SELF_CONSISTENCY, SELF_CONSISTENCY_UNRECORDED, Verdict
 
@@ -74,7 +75,7 @@ def top1(step: TokenStep) -> tuple[int, float] | None:
 
 def checkable(step: TokenStep) -> bool:
     """Whether the step recorded logprobs to judge its token by (non-empty, none NaN)."""
-    chosen = step.top_logprobs.get(step.token_id, step.logprob)
+    chosen = own_logprob(step)
     return (bool(step.top_logprobs) and not math.isnan(chosen)
             and not any(math.isnan(v) for v in step.top_logprobs.values()))
 
@@ -82,7 +83,7 @@ def checkable(step: TokenStep) -> bool:
 def inconsistency(request_id: str, position: int, step: TokenStep) -> Inconsistency | None:
     """The position's inconsistency; None when its token is its top-1 (or it is not checkable)."""
     best = top1(step)
-    chosen = step.top_logprobs.get(step.token_id, step.logprob)
+    chosen = own_logprob(step)
     if best is None or not checkable(step) or within_rounding(best[1], chosen):
         return None
     return Inconsistency(request_id, position, step.token_id, chosen, best[0], best[1])

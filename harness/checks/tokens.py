@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from harness.checks.logprobs import own_logprob
 from harness.checks.self_consistency import inconsistency
 from harness.core.comparison import NearTiePolicy, TokenDiff, TokenOutcome, TraceComparison
 from harness.core.trace import RequestTrace, TokenStep, Trace
@@ -41,11 +42,6 @@ DEFAULT_POLICY = NearTiePolicy()  # the documented defaults (NEAR_TIE_TOP_K, NEA
 
 # Absorbs exp/log rounding so a gap exactly at prob_tol is accepted.
 _GAP_EPS = 1e-12
-
-
-def _own_logprob(step: TokenStep) -> float:
-    # Read from top_logprobs so both tokens' probabilities come from the same table.
-    return step.top_logprobs.get(step.token_id, step.logprob)
 
 
 def _near_tie_failures(
@@ -65,14 +61,14 @@ def _near_tie_failures(
     if off is not None:
         reasons.append(f"device token is not the device's own top-1 (token {off.top1} has"
                        f" logprob {off.top1_logprob:.4f} > {off.chosen_logprob:.4f})")
-    p_ref_r, p_ref_d = math.exp(_own_logprob(ref_step)), ref_step.prob_of(d)
+    p_ref_r, p_ref_d = math.exp(own_logprob(ref_step)), ref_step.prob_of(d)
     if p_ref_d is not None:
         gap = abs(p_ref_r - p_ref_d)
         if not gap <= policy.prob_tol + _GAP_EPS:
             reasons.append(
                 f"gap in reference distribution {_fmt_p(gap)} > {policy.prob_tol:g}"
             )
-    p_dev_d, p_dev_r = math.exp(_own_logprob(dev_step)), dev_step.prob_of(r)
+    p_dev_d, p_dev_r = math.exp(own_logprob(dev_step)), dev_step.prob_of(r)
     if p_dev_r is not None:
         gap = abs(p_dev_d - p_dev_r)
         if not gap <= policy.prob_tol + _GAP_EPS:
@@ -147,8 +143,8 @@ def compare_request(
             num_compared=common,
             ref_token_id=step.token_id if longer is ref else None,
             dev_token_id=step.token_id if longer is dev else None,
-            ref_logprob=_own_logprob(step) if longer is ref else None,
-            dev_logprob=_own_logprob(step) if longer is dev else None,
+            ref_logprob=own_logprob(step) if longer is ref else None,
+            dev_logprob=own_logprob(step) if longer is dev else None,
             ref_top_n=len(step.top_logprobs) if longer is ref else 0,
             dev_top_n=len(step.top_logprobs) if longer is dev else 0,
             preceding_token_ids=ref_ids[:common],
@@ -168,8 +164,8 @@ def compare_request(
         num_compared=pos + 1,
         ref_token_id=r_step.token_id,
         dev_token_id=d_step.token_id,
-        ref_logprob=_own_logprob(r_step),
-        dev_logprob=_own_logprob(d_step),
+        ref_logprob=own_logprob(r_step),
+        dev_logprob=own_logprob(d_step),
         ref_logprob_in_dev=d_step.top_logprobs.get(r_step.token_id),
         dev_logprob_in_ref=r_step.top_logprobs.get(d_step.token_id),
         ref_rank_in_dev=d_step.rank_of(r_step.token_id),

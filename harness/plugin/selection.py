@@ -68,8 +68,7 @@ def _start_allowance(metafunc: pytest.Metafunc, variant: TargetVariant) -> list[
     """A device variant whose engine may take longer to start than the harness's default (a
     card compiles at start) gets its kind's start limit on top of the test's own timeout: no
     test may time out before its engine is allowed to have started."""
-    by = kind(variant.target).start_timeouts
-    start = by.get(str(variant.backend), by.get(variant.target))
+    start = kind(variant.target).start_limit(variant.backend)
     declared = metafunc.definition.get_closest_marker("timeout")
     if not start or declared is None:
         return []

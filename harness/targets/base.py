@@ -255,6 +255,12 @@ class TargetKind:
         return None
 
     @classmethod
+    def start_limit(cls, backend: str | None) -> float | None:
+        """Seconds an engine of this kind on ``backend`` may take to start (``start_timeouts``:
+        the backend's, else the kind's); None: the harness's default."""
+        return cls.start_timeouts.get(str(backend), cls.start_timeouts.get(cls.name))
+
+    @classmethod
     def needs_device(cls, variant: TargetVariant) -> bool:
         """Whether engines of ``variant`` run only under a lease of a device that serves it
         (never unleased, where they would open whatever their environment names)."""
@@ -387,8 +393,7 @@ class VllmTarget(TargetKind):
 
     def start_timeout(self) -> float | None:
         """Seconds this engine may take to start (``start_timeouts``); None: the harness's default."""
-        by = self.start_timeouts
-        return by.get(str(self.cfg.backend), by.get(self.name))
+        return self.start_limit(self.cfg.backend)
 
     def verify_device(self, info: dict[str, Any], log_text: str) -> str | None:
         """After start, before anything else is checked: why the engine does not run on the

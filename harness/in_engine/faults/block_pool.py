@@ -198,19 +198,35 @@ def block_too_many(config: dict[str, Any]) -> None:
     cls.free = free_blocks  # type: ignore[method-assign]
 
 
-@fault("block-too-few")
-def block_too_few(config: dict[str, Any]) -> None:
-    """vLLM gives every request one KV block fewer than its tokens need, at admission and at
-    every allocation (its last block's keys and values go wherever the runner's block table
-    holds a stale entry)."""
+def _size_requests_as(tokens: Callable[[Any, str, int], int]) -> None:
+    """Patch vLLM's KV cache managers so that a request is sized, at admission and at every
+    allocation, as if it held ``tokens(manager, request_id, num_tokens)`` tokens."""
     # defers a heavy import
     from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
 
     cls = SingleTypeKVCacheManager
     count, allocate = cls.get_num_blocks_to_allocate, cls.allocate_new_blocks
+
+    def get_num_blocks_to_allocate(self: Any, request_id: str, num_tokens: int,
+                                   *a: Any, **kw: Any) -> int:
+        return count(self, request_id, tokens(self, request_id, num_tokens), *a, **kw)
+
+    def allocate_new_blocks(self: Any, request_id: str, num_tokens: int,
+                            *a: Any, **kw: Any) -> Any:
+        return allocate(self, request_id, tokens(self, request_id, num_tokens), *a, **kw)
+
+    cls.get_num_blocks_to_allocate = get_num_blocks_to_allocate  # type: ignore[method-assign]
+    cls.allocate_new_blocks = allocate_new_blocks  # type: ignore[method-assign]
+
+
+@fault("block-too-few")
+def block_too_few(config: dict[str, Any]) -> None:
+    """vLLM gives every request one KV block fewer than its tokens need, at admission and at
+    every allocation (its last block's keys and values go wherever the runner's block table
+    holds a stale entry)."""
     said = Once()  # the damage is done every time; the log line is printed once
 
-    def fewer(self: Any, num_tokens: int) -> int:
+    def fewer(self: Any, request_id: str, num_tokens: int) -> int:
         if not armed() or num_tokens <= 0:
             return num_tokens
         if said.due():
@@ -218,16 +234,7 @@ def block_too_few(config: dict[str, Any]) -> None:
                       f" {self.block_size} tokens short")
         return max(num_tokens - int(self.block_size), 0)
 
-    def get_num_blocks_to_allocate(self: Any, request_id: str, num_tokens: int,
-                                   *a: Any, **kw: Any) -> int:
-        return count(self, request_id, fewer(self, num_tokens), *a, **kw)
-
-    def allocate_new_blocks(self: Any, request_id: str, num_tokens: int,
-                            *a: Any, **kw: Any) -> Any:
-        return allocate(self, request_id, fewer(self, num_tokens), *a, **kw)
-
-    cls.get_num_blocks_to_allocate = get_num_blocks_to_allocate  # type: ignore[method-assign]
-    cls.allocate_new_blocks = allocate_new_blocks  # type: ignore[method-assign]
+    _size_requests_as(fewer)
 
 
 @fault("block-too-many-at-edge")
@@ -236,11 +243,6 @@ def block_too_many_at_edge(config: dict[str, Any]) -> None:
     of the block size (``num_tokens // block_size + 1`` for ``cdiv``), at admission and at every
     allocation: the block is used once the request grows a token, so nothing leaks and a
     request whose length never stops on a block's edge holds exactly what it needs."""
-    # defers a heavy import
-    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
-
-    cls = SingleTypeKVCacheManager
-    count, allocate = cls.get_num_blocks_to_allocate, cls.allocate_new_blocks
     said = Once()  # the damage is done at every edge; the log line is printed once
 
     def at_edge(self: Any, request_id: str, num_tokens: int) -> int:
@@ -251,13 +253,4 @@ def block_too_many_at_edge(config: dict[str, Any]) -> None:
                       f" tokens sized one {self.block_size}-token block too big")
         return num_tokens + 1
 
-    def get_num_blocks_to_allocate(self: Any, request_id: str, num_tokens: int,
-                                   *a: Any, **kw: Any) -> int:
-        return count(self, request_id, at_edge(self, request_id, num_tokens), *a, **kw)
-
-    def allocate_new_blocks(self: Any, request_id: str, num_tokens: int,
-                            *a: Any, **kw: Any) -> Any:
-        return allocate(self, request_id, at_edge(self, request_id, num_tokens), *a, **kw)
-
-    cls.get_num_blocks_to_allocate = get_num_blocks_to_allocate  # type: ignore[method-assign]
-    cls.allocate_new_blocks = allocate_new_blocks  # type: ignore[method-assign]
+    _size_requests_as(at_edge)

@@ -55,15 +55,10 @@ _OPENED = re.compile(r"Opened: (\S+)")
 _PCI = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
-def near_tie_policy(base: NearTiePolicy, target_label: str, sendnn_tol: float) -> NearTiePolicy:
-    """The near-tie policy for a trace of ``target_label`` (e.g. ``spyre-sendnn-cb``): the card's
-    wider tolerance on sendnn, and the dtypes compared, stated in every diff."""
-    if "-sendnn" in target_label:
-        backend, tol = "sendnn", max(base.prob_tol, sendnn_tol)
-    elif "-eager" in target_label:
-        backend, tol = "eager", base.prob_tol
-    else:
-        backend, tol = "", base.prob_tol
+def near_tie_policy(base: NearTiePolicy, backend: str, sendnn_tol: float) -> NearTiePolicy:
+    """The near-tie policy for a trace of ``backend`` (``SpyreTarget.backend_of`` its label):
+    the card's wider tolerance on sendnn, and the dtypes compared, stated in every diff."""
+    tol = max(base.prob_tol, sendnn_tol) if backend == "sendnn" else base.prob_tol
     dtype = DEVICE_DTYPES.get(backend, MODEL_DTYPE)
     dtypes = f"reference fp32 (transformers on the CPU) vs device {dtype}"
     return replace(base, prob_tol=tol, dtypes=dtypes)

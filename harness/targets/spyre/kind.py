@@ -27,6 +27,7 @@ from harness.targets.base import (
 from harness.targets.spyre import padding
 from harness.targets.spyre.card import (
     ALLOW_EMULATED_ENV,
+    DEVICE_DTYPES,
     NEAR_TIE_TOL_SENDNN,
     SENDNN_START_TIMEOUT,
     card_env,
@@ -124,7 +125,8 @@ class SpyreTarget(VllmTarget):
         NearTieTolerance("sendnn", NEAR_TIE_TOL_SENDNN,
                          "the card computes fp16 against the fp32 reference"),
     )
-    reduced_precision_backends = ("sendnn",)  # eager computes fp32 on the CPU
+    # What computes below the reference's fp32 (eager computes fp32 on the CPU).
+    reduced_precision_backends = tuple(b for b, dtype in DEVICE_DTYPES.items() if dtype != "fp32")
     # The card runtime's, and each plugin generation's own (read when the engine is built).
     late_env_prefixes = ("AIU_", "SPYRE_", "FLEX_", "DT_", *(g.env_prefix for g in GENERATIONS))
     refuses_small_pool = True  # the platform checks the pool it is given at start
@@ -185,7 +187,7 @@ class SpyreTarget(VllmTarget):
     @classmethod
     def near_tie_policy(cls, base: NearTiePolicy, label: str,
                         tols: Mapping[str, float]) -> NearTiePolicy:
-        return near_tie_policy(base, label, tols.get("sendnn", NEAR_TIE_TOL_SENDNN))
+        return near_tie_policy(base, cls.backend_of(label), tols.get("sendnn", NEAR_TIE_TOL_SENDNN))
 
     @classmethod
     def device_env(cls, device: InventoryDevice, cache_dir: Path) -> dict[str, str]:
