@@ -2,7 +2,9 @@
 
     hil run [--stacks A,B] [PYTEST ARGS...]
                                the main job: every suite against what this machine has,
-                               writing reports/junit.xml and reports/allure-results
+                               writing reports/junit.xml and reports/allure-results (they
+                               replace the previous ones only when the run completed; an
+                               interrupted run is kept in reports/interrupted-<time>/)
     hil suites [PYTEST ARGS...] the suites of this copy (an installed one's too) in a pytest run
                                from this folder, outputs here: what a card host runs
     hil nightly [--shard I/N] [--inventory FILE] [PYTEST ARGS...]
@@ -13,9 +15,13 @@
     hil bench [--quick] [--parts P,..]  what a run costs: the benchmark of the harness itself
     hil models [NAME...]       build the tiny offline models and print their folders
     hil report [--serve]       reports/allure-results -> reports/allure-report (static HTML,
-                               with the previous report's history), and reports/summary.md
+                               with the previous report's history), and reports/summary.md;
+                               --output only a new folder or a report it wrote
     hil report SOURCE...       merge shard results (folders or .tar.gz/.zip) into one report
     hil selftest               inject each harness fault into this host's stack: caught?
+    hil calibrate [--model M] [--precision fp16,bf16]
+                               measure half-precision noise against fp32 (teacher-forced) per
+                               model and precision; thresholds cached, reports/calibration.md
 """
 
 from __future__ import annotations
@@ -27,17 +33,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.core.devices import device_root
+from harness.calibration.command import add_calibrate_parser
 from harness.core.paths import REPO_ROOT, SUITES_DIR
 from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
-from harness.report.generate import report_command
-from harness.report.lab_report import keep_durations, merge_command
-from harness.report.stack_summary import (
-    clear_parts,
-    junit_name,
-    save_stack_part,
-    write_run_summary,
+from harness.lab.shard_plan import DURATIONS_FILE, DurationsError, load_durations
+from harness.plugin.options import add_cli_option, cli_env_problem, cli_type
+from harness.report.generate import report_command, serve_report
+from harness.report.interrupt import ChildRunner
+from harness.report.lab_report import keep_durations, merge_command, source_inputs
+from harness.report.report_output import output_problem
+from harness.report.run_folder import (
+    INCOMPLETE_PREFIX,
+    ReportsBusy,
+    discard,
+    keep_partial,
+    new_staging,
+    os_problem,
+    reports_lock,
+    result_count,
+    tidy_leftovers,
 )
+from harness.report.stack_summary import junit_name, save_stack_part
+from harness.report.staged_run import StagedRun, finish
 from harness.selftest import add_selftest_parser
 from harness.stacks.spec import StackError, list_stacks, load_stack
 from harness.targets import KINDS, all_variants, device_kinds, nightly_markers
@@ -45,49 +62,96 @@ from harness.targets import KINDS, all_variants, device_kinds, nightly_markers
 ROOT = REPO_ROOT
 
 
+# The suites `hil run` runs (a seam: tests point it at a small suite of their own).
+RUN_SUITES = ROOT / "suites"
+
+
 def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
     reports = Path(args.reports_dir)
-    allure_dir = reports / "allure-results"
     stacks = [x.strip() for x in getattr(args, "stacks", "default").split(",") if x.strip()]
     problem = stacks_problem(getattr(args, "stacks", "default"), stacks)
     if problem:
         # Refused before anything is touched: the previous results and report stay.
         print(f"hil run: {problem}", file=sys.stderr)
         return 2
-    allure_dir.mkdir(parents=True, exist_ok=True)
-    rc = 0
-    cleaned = False
-    for stack in stacks:
-        # One pytest run per stack, all into one results folder: one report, side by side.
-        # The first run empties the folder, and only once pytest accepted its arguments
-        # (--hil-clean-results), so a refused run keeps the previous results.
-        junit = reports / junit_name(stack)
+    run: StagedRun | None = None
+    try:
+        with reports_lock(reports, " ".join(["hil", *sys.argv[1:]])):
+            for line in tidy_leftovers(reports):
+                print(f"hil run: {line}", file=sys.stderr)
+            run = StagedRun(reports, new_staging(reports), stacks)
+            with ChildRunner() as runner:
+                _run_stacks(runner, run, _durations_args(reports, args, extra) + extra)
+                run.signal = runner.signal
+                code, lines = finish(run)
+    except ReportsBusy as e:
+        print(f"hil run: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"hil run: {os_problem(e, 'write the results')}; {_after_os_error(run, reports)}",
+              file=sys.stderr)
+        return 1 if run is not None and 1 in run.codes else 2
+    published = run is not None and run.published
+    for line in lines:
+        print(line, file=sys.stdout if published else sys.stderr, flush=True)
+    return code
+
+
+def _run_stacks(runner: ChildRunner, run: StagedRun, extra: list[str]) -> None:
+    """One pytest run per stack, all into the run's staging folder: one report, side by
+    side. A refused first run or a signal ends the run."""
+    for stack in run.stacks:
         cmd = [
-            sys.executable, "-m", "pytest", str(ROOT / "suites"),
-            f"--alluredir={allure_dir}",
-            f"--junitxml={junit}",
-            f"--hil-reports-dir={reports}",
+            sys.executable, "-m", "pytest", str(RUN_SUITES),
+            f"--alluredir={run.results}",
+            f"--junitxml={run.staging / junit_name(stack)}",
+            f"--hil-reports-dir={run.staging}",
             f"--stack={stack}",
-            *([] if cleaned else ["--hil-clean-results"]),
             *extra,
         ]
         print("hil run:", " ".join(cmd[2:]), flush=True)
-        code = subprocess.call(cmd, cwd=ROOT)
-        rc = rc or code
-        if code == USAGE_ERROR and not cleaned:
-            print(f"hil run: pytest refused the arguments (exit {code}); the previous results"
-                  f" in {allure_dir} and {reports / 'summary.md'} are kept", file=sys.stderr)
-            return code
-        if not cleaned:
-            clear_parts(reports)
-        cleaned = True
-        # Each run empties reports/stats: keep this stack's statistics and summary part.
-        save_stack_part(reports, allure_dir, stack, code, ran=code != USAGE_ERROR)
-    print(f"hil run: reports in {reports} (junit*.xml, allure-results/, engine-logs/,"
-          " stacks/: each stack's summary part)")
+        outcome = runner.run(cmd, ROOT)
+        run.codes.append(outcome.code)
+        if outcome.code == USAGE_ERROR and len(run.codes) == 1:
+            return
+        # Each run empties STAGING/stats: keep this stack's statistics and summary part.
+        save_stack_part(run.staging, run.results, stack, outcome.code,
+                        ran=outcome.code != USAGE_ERROR)
+        if outcome.signal:
+            return
 
-    print(write_run_summary(reports, allure_dir, stacks), flush=True)
-    return rc
+
+def _durations_args(reports: Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """pytest plans shards by REPORTS_DIR/durations.json by default; the run's reports dir is
+    its staging folder, so the published one is named (unless one is given, or it is
+    unreadable: then, as pytest does with its default, a warning and the plan goes by count)."""
+    given = (getattr(args, "shard_durations", "") or os.environ.get("HIL_SHARD_DURATIONS")
+             or any(a.startswith("--shard-durations") for a in extra))
+    default = reports / DURATIONS_FILE
+    if given or not default.is_file():
+        return []
+    try:
+        load_durations(default)
+    except DurationsError as e:
+        print(f"hil run: warning: {e}; ignored: shards are planned by test count",
+              file=sys.stderr)
+        return []
+    return [f"--shard-durations={default}"]
+
+
+def _after_os_error(run: StagedRun | None, reports: Path) -> str:
+    """What became of a run whose outputs could not be written."""
+    if run is None or not run.staging.exists():
+        return f"the previous results in {reports} are kept"
+    if result_count(run.results):
+        try:
+            kept = keep_partial(run.staging, reports, INCOMPLETE_PREFIX)
+        except OSError:
+            kept = run.staging
+        return (f"this run's results are kept in {kept}; the previous results in {reports}"
+                " are kept")
+    discard(run.staging)
+    return f"the previous results in {reports} are kept"
 
 
 USAGE_ERROR = 4  # pytest's exit code for arguments it refused
@@ -130,22 +194,41 @@ def stacks_problem(value: str, stacks: list[str]) -> str | None:
 
 def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
     reports = Path(args.reports_dir)
-    if args.sources:
-        return merge_command(args.sources, reports, Path(args.output or reports / "allure-report"),
-                             reports / "summary.md", history=not args.no_history)
+    output = Path(args.output or reports / "allure-report")
     results = Path(args.results or reports / "allure-results")
-    if not results.is_dir():
+    if args.sources:
+        inputs = [*source_inputs(args.sources), ("the merged results", reports / "merged-results")]
+    elif not results.is_dir():
         print(f"hil report: --results {results}: no such results folder; pass the allure-results"
               " folder of a run (or run `hil run` first). Nothing was changed", file=sys.stderr)
         return 2
+    else:
+        inputs = [("the results folder", results)]
+    problem = output_problem(output, reports, inputs)
+    if problem:
+        print(f"hil report: {problem}", file=sys.stderr)
+        return 2
+    try:
+        with reports_lock(reports, " ".join(["hil", *sys.argv[1:]])):
+            rc = _make_report(args, reports, results, output)
+    except ReportsBusy as e:
+        print(f"hil report: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"hil report: {os_problem(e, 'write the report')}; the previous report is kept",
+              file=sys.stderr)
+        return 2
+    if rc == 0 and args.serve:
+        serve_report(output, args.port)  # outside the lock: serving may last all day
+    return rc
 
+
+def _make_report(args: argparse.Namespace, reports: Path, results: Path, output: Path) -> int:
+    if args.sources:
+        return merge_command(args.sources, reports, output, reports / "summary.md",
+                             history=not args.no_history)
     keep_durations(results, reports)
-    return report_command(
-        results,
-        Path(args.output or reports / "allure-report"),
-        reports / "summary.md",
-        history=not args.no_history, serve=args.serve, port=args.port,
-    )
+    return report_command(results, output, reports / "summary.md", history=not args.no_history)
 
 
 def nightly_selection(devices: list[Any]) -> str:
@@ -240,34 +323,42 @@ def cmd_models(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def _shared(parser: argparse.ArgumentParser, *names: str) -> None:
+    """The arguments ``hil`` commands share with pytest, declared by harness/plugin/options.py:
+    the same types, checks and HIL_* variables (``--reports-dir`` is pytest's
+    ``--hil-reports-dir``, with the checkout's reports folder as default)."""
+    for name in names:
+        if name == "--reports-dir":
+            add_cli_option(parser, "--hil-reports-dir", "--reports-dir",
+                           default=str(ROOT / "reports"))
+        elif name == "--stacks":
+            add_cli_option(parser, "--stack", "--stacks", help="comma-separated stacks"
+                           " (stacks/NAME.toml) to run, one report for all (env HIL_STACK)")
+        else:
+            add_cli_option(parser, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hil", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the suites and write reports (extra args go to pytest)")
-    r.add_argument("--reports-dir", default=str(ROOT / "reports"))
-    r.add_argument("--stacks", default="default",
-                   help="comma-separated stacks (stacks/NAME.toml) to run, one report for all")
+    _shared(r, "--reports-dir", "--stacks")
     r.set_defaults(func=cmd_run)
     s = sub.add_parser("suites", help="run the suites from this folder, outputs here (extra args"
                        " go to pytest)")
     s.set_defaults(func=cmd_suites)
     n = sub.add_parser("nightly", help="the nightly: devices required, shardable")
-    n.add_argument("--reports-dir", default=str(ROOT / "reports"))
-    n.add_argument("--shard", default="", metavar="I/N")
-    n.add_argument("--inventory", default="")
-    n.add_argument("--shard-durations", default="", metavar="FILE",
-                   help="balance the shards by these durations (default"
-                   " REPORTS_DIR/durations.json when present, else by test count)")
-    n.add_argument("--stacks", default="default")
+    _shared(n, "--reports-dir", "--shard", "--inventory", "--shard-durations", "--stacks")
     n.set_defaults(func=cmd_nightly)
     d = sub.add_parser("devices", help="print discovered devices")
-    d.add_argument("--root", default=str(device_root()),
-                   help="filesystem root to scan (a fake card host; env HIL_DEVICE_ROOT; default /)")
-    d.add_argument("--inventory", default="", help="an inventory file to check instead")
+    add_cli_option(d, "--device-root", "--root", default="/",
+                   help="filesystem root to scan (a fake card host; env HIL_DEVICE_ROOT;"
+                   " default /)")
+    add_cli_option(d, "--inventory", help="an inventory file to check instead (env HIL_INVENTORY)")
     d.set_defaults(func=cmd_devices)
     rp = sub.add_parser("report", help="make the HTML report of the last run (offline)")
-    rp.add_argument("--reports-dir", default=str(ROOT / "reports"))
+    _shared(rp, "--reports-dir")
     rp.add_argument("sources", nargs="*", metavar="SOURCE",
                     help="shard results to merge (reports or allure-results folders, or"
                     " .tar.gz/.zip of them); default: REPORTS_DIR/allure-results alone")
@@ -277,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="start the trends afresh instead of carrying the previous report's")
     rp.add_argument("--serve", action="store_true",
                     help="then serve the report on http://127.0.0.1:PORT until Ctrl-C")
-    rp.add_argument("--port", type=int, default=0)
+    rp.add_argument("--port", type=cli_type("port", "--port"), default=0,
+                    help="0 to 65535 (default 0: any free port)")
     rp.set_defaults(func=cmd_report)
 
     add_selftest_parser(sub, ROOT)
@@ -287,11 +379,18 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(func=cmd_bench)
     m = sub.add_parser("models", help="build the tiny offline models")
     m.add_argument("names", nargs="*")
-    m.add_argument("--cache-dir", default=str(ROOT / ".hil-cache"))
+    add_cli_option(m, "--hil-cache-dir", "--cache-dir", default=str(ROOT / ".hil-cache"))
     m.set_defaults(func=cmd_models)
+    c = add_calibrate_parser(sub)
+    add_cli_option(c, "--hil-cache-dir", "--cache-dir", default=str(ROOT / ".hil-cache"))
+    _shared(c, "--reports-dir")
     args, extra = p.parse_known_args(argv)
     if args.cmd not in ("run", "nightly", "suites") and extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
+    problem = cli_env_problem(args)
+    if problem:
+        print(f"hil {args.cmd}: {problem}", file=sys.stderr)
+        return 2
     return int(args.func(args, extra))
 
 

@@ -94,7 +94,11 @@ def append_device_summary(stats_dir: Path, summary: Path) -> str:
     summary.md from the workers' statistics; returns the section ('' when no device ran)."""
     events: list[dict[str, Any]] = []
     for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
-        events += json.loads(f.read_text()).get("cards", [])
+        try:
+            cards = json.loads(f.read_text()).get("cards", [])
+        except (OSError, ValueError, AttributeError):
+            continue  # a worker's damaged statistics: the terminal summary names the file
+        events += [e for e in cards if isinstance(e, dict)] if isinstance(cards, list) else []
     if not events:
         return ""
     section = "\n".join(["## Cards", "", *[f"- {line}" for line in ledger_summary_lines(events)], ""])

@@ -6,6 +6,9 @@ device, so the record holds on any card) in ``<cache dir>/engine-order.json``; t
 tests within a target variant and model by that record, so a card starts each configuration once.
 A fresh host gets the record from a plan-only pass (``--hil-plan``: each test records its
 configuration and skips before any engine starts).
+
+A record that cannot be read (not JSON, not {node id: configuration id}) is named in a warning,
+ignored (the tests keep their order) and rewritten by the next save: never an error.
 """
 
 from __future__ import annotations
@@ -26,12 +29,31 @@ def config_id(cfg: Any) -> str:
     return str(cfg.with_(device=None, extra_env=()).key)
 
 
-def load_record(cache_dir: Path) -> dict[str, str]:
+def read_record(cache_dir: Path) -> tuple[dict[str, str], str | None]:
+    """The record, and why it was ignored when it is there but unreadable (None: fine or absent)."""
+    path = cache_dir / RECORD
     try:
-        data = json.loads((cache_dir / RECORD).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, UnicodeDecodeError) as e:
+        return {}, f"{path}: cannot read it ({e}); ignored"
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        return {}, f"{path}: not valid JSON ({e}); ignored, and rewritten by this run's tests"
+    if not isinstance(data, dict):
+        return {}, (f"{path}: expected {{node id: configuration id}}, got"
+                    f" {type(data).__name__}; ignored, and rewritten by this run's tests")
+    if bad := next((k for k, v in data.items() if not isinstance(v, str)), None):
+        return {}, (f"{path}: test {bad!r} has configuration {data[bad]!r}, expected a string;"
+                    " ignored, and rewritten by this run's tests")
+    return data, None
+
+
+def load_record(cache_dir: Path) -> dict[str, str]:
+    """The record ({} when absent or unreadable)."""
+    return read_record(cache_dir)[0]
 
 
 def save_record(cache_dir: Path, tests: dict[str, str]) -> None:
@@ -44,16 +66,21 @@ def save_record(cache_dir: Path, tests: dict[str, str]) -> None:
         record.update(tests)
         tmp = cache_dir / f"{RECORD}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-        os.replace(tmp, cache_dir / RECORD)
+        try:
+            os.replace(tmp, cache_dir / RECORD)
+        except OSError:  # a folder in its place: the order is a hint, never an error
+            tmp.unlink(missing_ok=True)
 
 
 def order_tests_by_engine_config(items: list[Any], cache_dir: Path,
-                                 group_key: Callable[[Any], Any]) -> None:
+                                 group_key: Callable[[Any], Any]) -> str | None:
     """Sort ``items`` in place: by ``group_key`` (variant, model), then by recorded configuration
-    (configurations in sorted order), unknown tests last in their group; otherwise stable."""
-    record = load_record(cache_dir)
+    (configurations in sorted order), unknown tests last in their group; otherwise stable.
+    Returns why the record was ignored, if it was."""
+    record, problem = read_record(cache_dir)
     if not record:
-        return
+        return problem
     rank = {c: i for i, c in enumerate(sorted(set(record.values())))}
     unknown = len(rank)
     items.sort(key=lambda it: (group_key(it), rank.get(record.get(it.nodeid, ""), unknown)))
+    return None

@@ -32,6 +32,7 @@ from harness.core.config import ConfigError
 from harness.core.devices import InventoryDevice
 from harness.in_engine.faults import check_fault_specs
 from harness.lab.schemas import SchemaError, check, inventory_schema, read_utf8
+from harness.targets.device_kind import DeviceKind
 
 HEALTH = ("ok", "broken", "maintenance")
 
@@ -83,8 +84,72 @@ def _parse(path: Path) -> tuple[dict[str, Any], str]:
         raise InventoryError(f"{path}: invalid TOML: {e}") from None
 
 
+# Variables the harness sets for every engine, whatever its kind (the kinds declare their own):
+# an inventory env setting one is refused, naming it and why.
+HARNESS_ENV = (
+    ("HIL_DEVICE_ID", "the lease sets it to the leased device's id"),
+    ("HIL_ENGINE_AUTHKEY", "the engine host sets each engine's connection key"),
+    ("HIL_FORKSERVER_AUTHKEY", "the fork server sets its connection key"),
+    ("HIL_FAULT_STATE_DIR", "the engine pool gives each pytest process its own folder"),
+    ("HIL_ALLOW_EXTERNAL_FAULTS", "only --allow-external-faults allows external faults"),
+)
+
+
+def owned_env(dk: DeviceKind) -> dict[str, str]:
+    """{variable: why} an inventory env of kind ``dk`` must not set."""
+    return {**dict(HARNESS_ENV), **dict(dk.owned_env)}
+
+
+def _address(e: dict[str, Any], env: dict[str, str], dk: DeviceKind,
+             where: str) -> tuple[str, str] | None:
+    """The device's address (``address``, else its kind's address variable in ``env``) and
+    how the entry names it, checked against its kind's format; the two must name one device."""
+    named = [(f"address {v!r}", v) for v in [e.get("address")] if v is not None]
+    if dk.address_env and dk.address_env in env:
+        named.append((f"env {dk.address_env} {env[dk.address_env]!r}", env[dk.address_env]))
+    for what, value in named:
+        if problem := dk.address_problem(value):
+            raise InventoryError(
+                f"{where}: {what} {problem}; write the {dk.label} device's address as"
+                " discovery lists it (`hil devices`)")
+    if len(named) == 2 and len({dk.canonical_address(v) for _, v in named}) == 2:
+        raise InventoryError(f"{where}: {named[0][0]} and {named[1][0]} name different devices;"
+                             " give the device's address once")
+    return named[0] if named else None
+
+
+def _kind_env(e: dict[str, Any], env: dict[str, str], dk: DeviceKind, where: str,
+              allow_external_faults: bool) -> dict[str, str]:
+    """The env a device's lease carries: its ``env`` (without variables the harness owns) and
+    its kind's keys (``cores``, ``engine``), which must agree with it; checked by its kind."""
+    try:
+        check_fault_specs(env.get("HIL_FAULTS", ""), allow_external_faults)
+    except ValueError as err:
+        raise InventoryError(f"{where}: env HIL_FAULTS: {err}") from None
+    owned = owned_env(dk)
+    if stray := [k for k in env if k in owned]:
+        raise InventoryError(f"{where}: env {stray[0]}={env[stray[0]]!r}: {owned[stray[0]]};"
+                             f" remove {stray[0]} from the device's env")
+    try:
+        if dk.inventory_env is not None:
+            own = dk.inventory_env(e, where)
+            for k, v in own.items():
+                if k in env and env[k] != v:
+                    raise InventoryError(
+                        f"{where}: env {k}={env[k]!r} disagrees with what the entry's"
+                        f" {', '.join(dk.inventory_keys)} give ({v!r}); set it once")
+            env = {**env, **own}
+        if dk.check_env is not None:
+            dk.check_env(env, where)
+    except ConfigError as err:
+        raise InventoryError(str(err)) from None
+    return env
+
+
 def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bool = False) -> Inventory:
-    """Read and validate an inventory file; absent devices are kept, marked absent."""
+    """Read and validate an inventory file; absent devices are kept, marked absent. Beyond its
+    shape, what it means: one entry per id and per address, addresses in their kind's format,
+    no variable the harness sets itself, core ranges its kind accepts."""
     if not path.is_file():
         raise InventoryError(f"inventory file not found: {path}; pass --inventory an existing"
                              " TOML or YAML file")
@@ -97,7 +162,8 @@ def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bo
     except SchemaError as e:
         raise InventoryError(str(e)) from None
     devices: list[InventoryDevice] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
+    addresses: dict[tuple[str, str], tuple[int, str, str]] = {}
     for n, e in enumerate(entries, 1):
         where = f"{path}: device #{n}"
         if not isinstance(e, dict):
@@ -107,8 +173,9 @@ def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bo
             raise InventoryError(f"{where}: missing 'id'")
         where = f"{path}: device #{n} ({dev_id!r})"
         if dev_id in seen:
-            raise InventoryError(f"{where}: id listed twice")
-        seen.add(dev_id)
+            raise InventoryError(f"{where}: id listed twice (also device #{seen[dev_id]});"
+                                 " give each device its own id")
+        seen[dev_id] = n
         kind = e.get("kind")
         kinds = targets.device_kinds()
         if kind not in kinds:
@@ -125,29 +192,31 @@ def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bo
         modes = tuple(m for k in targets.kinds_on(kind) for m in k.modes)
         if modes and not set(features) <= set(modes):
             raise InventoryError(f"{where}: features {list(features)} must be among {modes}")
-        env = e.get("env", {})
-        if not isinstance(env, dict):
+        raw_env = e.get("env", {})
+        if not isinstance(raw_env, dict):
             raise InventoryError(f"{where}: env must be a table of NAME = \"value\"")
-        try:
-            check_fault_specs(str(env.get("HIL_FAULTS", "")), allow_external_faults)
-        except ValueError as err:
-            raise InventoryError(f"{where}: env HIL_FAULTS: {err}") from None
-        if dk.inventory_env is not None:
-            try:
-                env = {**env, **dk.inventory_env(e, where)}
-            except ConfigError as err:
-                raise InventoryError(str(err)) from None
-        else:
+        env = {str(k): str(v) for k, v in raw_env.items()}
+        if dk.inventory_env is None:
             own = {k: d.name for d in targets.device_kinds().values() for k in d.inventory_keys}
             if stray := [k for k in own if k in e]:
                 owner = own[stray[0]]
                 keys = " and ".join(k for k in own if own[k] == owner)
                 raise InventoryError(f"{where}: {keys} are for kind {owner} only")
+        env = _kind_env(e, env, dk, where, allow_external_faults)
+        if (named := _address(e, env, dk, where)) is not None:
+            key = (kind, dk.canonical_address(named[1]))
+            if key in addresses:
+                m, other, first = addresses[key]
+                raise InventoryError(
+                    f"{where}: {named[0]} is also the address of device #{m} ({other!r},"
+                    f" {first!r}): two workers could lease one {dk.label} device at once; list"
+                    " each device once")
+            addresses[key] = (n, dev_id, named[1])
         present, detail = _present(kind, e.get("address"), root)
         devices.append(InventoryDevice(
             id=dev_id, kind=kind, backend=backend or dk.default_backend,
             address=e.get("address"), features=features, health=health,
-            env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
+            env=tuple(sorted(env.items())),
             present=present, detail=detail,
         ))
     return Inventory(devices=devices, source=str(path))

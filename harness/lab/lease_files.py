@@ -127,8 +127,8 @@ def clean_stale_holders(folder: Path) -> list[str]:
     for path in folder.glob("*.holder"):
         try:
             pid = int(json.loads(path.read_text()).get("pid", 0))
-        except (OSError, ValueError, AttributeError):
-            pid = 0
+        except (OSError, ValueError, AttributeError, TypeError):
+            pid = 0  # unreadable or of another shape: a holder of nobody, cleaned
         if pid <= 0 or not _alive(pid):
             path.unlink(missing_ok=True)
             cleaned.append(path.stem)

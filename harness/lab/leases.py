@@ -138,7 +138,11 @@ class LeaseManager:
             rec = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        first = rec["error"].strip().splitlines()[0] if rec.get("error") else "unknown error"
+        if not isinstance(rec, dict):  # written by the harness as an object; damaged otherwise
+            return f"device {device.id} marked broken (its record {path} is damaged)"
+        error = rec.get("error")
+        first = (error.strip().splitlines() or ["unknown error"])[0] \
+            if isinstance(error, str) and error.strip() else "unknown error"
         return f"device {device.id} marked broken by {rec.get('test')}: {first}"
 
     def release_all(self) -> None:

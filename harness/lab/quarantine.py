@@ -10,13 +10,19 @@ The list is a checked-in TOML file, one entry per known failure:
 ``test`` is a node id, where ``*`` and ``?`` are wildcards. A quarantined test runs as a
 non-strict xfail: a failure shows as known (XFAIL, with reason and issue); a
 pass (XPASS) is reported at the end with a warning to lift the quarantine.
+
+A test listed twice is refused (which reason holds?). An entry that matches no collected test
+(its test was renamed, or it never matched) is a warning, and refused under
+--strict-quarantine; ``judge_quarantine`` says which entries it can judge in a run narrowed by
+-m, -k, --shard, --target, --model or by the suite files named (see its doc).
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,7 @@ class KnownFailure:
     test: str
     reason: str
     issue: str
+    where: str = field(default="", compare=False)  # "FILE: known #N" in messages
 
     def matches(self, nodeid: str) -> bool:
         # Node ids hold brackets, so only * and ? are wildcards here (unlike fnmatch).
@@ -53,7 +60,15 @@ def load_quarantine(path: Path, required: bool = False) -> list[KnownFailure]:
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}") from None
     check(data, QUARANTINE_SCHEMA, str(path), item_names={"known": "test"})
-    return [KnownFailure(e["test"], e["reason"], e["issue"]) for e in data.get("known", [])]
+    known: list[KnownFailure] = []
+    first: dict[str, int] = {}
+    for n, e in enumerate(data.get("known", []), 1):
+        if e["test"] in first:
+            raise ValueError(f"{path}: known #{n} ({e['test']!r}): test listed twice (also known"
+                             f" #{first[e['test']]}); keep one entry, with the reason that holds")
+        first[e["test"]] = n
+        known.append(KnownFailure(e["test"], e["reason"], e["issue"], f"{path}: known #{n}"))
+    return known
 
 
 def apply_quarantine(items: list[Any], known: list[KnownFailure]) -> None:
@@ -70,3 +85,114 @@ def quarantined_passes(terminalreporter: Any) -> list[str]:
     """Node ids of quarantined tests that passed (XPASS) in this run."""
     return [r.nodeid for r in terminalreporter.stats.get("xpassed", [])
             if "quarantined:" in str(getattr(r, "wasxfail", ""))]
+
+
+# ------------------------------------------------------------------ entries that match nothing
+
+_STAR = object()  # a wildcard in a glob of tokens: any text, empty too
+_ANY = object()  # one character
+
+
+def _tokens(pattern: str) -> tuple[object, ...]:
+    return tuple(_STAR if c == "*" else _ANY if c == "?" else c for c in pattern)
+
+
+def _generalized(nodeid: str, holes: Sequence[str]) -> tuple[object, ...]:
+    """``nodeid`` as a glob whose parameter ids in ``holes`` (its target variant, its model)
+    are wildcards: the node ids the same test has in runs of other targets and models."""
+    head, bracket, params = nodeid.partition("[")
+    out: list[object] = list(head + bracket)
+    holes = sorted((h for h in holes if h), key=len, reverse=True)
+    i = 0
+    while i < len(params):
+        hit = next((h for h in holes if params.startswith(h, i)), None)
+        if hit:
+            out.append(_STAR)
+            i += len(hit)
+        else:
+            out.append(params[i])
+            i += 1
+    return tuple(out)
+
+
+def globs_meet(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    """Whether some node id matches both globs (tokens of ``_tokens``/``_generalized``)."""
+
+    seen: set[tuple[int, int]] = set()
+    todo = [(0, 0)]
+    while todo:  # a walk over (position in a, position in b); no recursion for long ids
+        i, j = todo.pop()
+        if (i, j) in seen:
+            continue
+        seen.add((i, j))
+        if i == len(a) and j == len(b):
+            return True
+        if i < len(a) and a[i] is _STAR:
+            todo += [(i + 1, j)] + ([(i, j + 1)] if j < len(b) else [])
+        if j < len(b) and b[j] is _STAR:
+            todo += [(i, j + 1)] + ([(i + 1, j)] if i < len(a) else [])
+        if i < len(a) and j < len(b) and a[i] is not _STAR and b[j] is not _STAR \
+                and (a[i] is _ANY or b[j] is _ANY or a[i] == b[j]):
+            todo.append((i + 1, j + 1))
+    return False
+
+
+@dataclass
+class QuarantineCheck:
+    """The entries that match no collected test, and those this run cannot judge (why)."""
+
+    unmatched: list[tuple[KnownFailure, str]] = field(default_factory=list)
+    not_judged: list[tuple[KnownFailure, str]] = field(default_factory=list)
+
+    def warnings(self) -> list[str]:
+        return [f"{k.where or 'quarantine'} ({k.test!r}) matches no collected test: {why};"
+                " fix its node id (was the test renamed?) or remove the entry"
+                for k, why in self.unmatched]
+
+    def notes(self) -> list[str]:
+        return [f"{k.where or 'quarantine'} ({k.test!r}) not judged: {why}"
+                for k, why in self.not_judged]
+
+
+def judge_quarantine(known: Iterable[KnownFailure], collected: Sequence[tuple[str, Sequence[str]]],
+                     other_ids: Iterable[str] = ()) -> QuarantineCheck:
+    """Which entries match none of ``collected`` ((node id, its variant and model ids): every
+    test collected, those -m, -k or --shard deselected too) although they could have.
+
+    An entry is judged only when its file part is a literal file this run collected (a run of
+    some suite files leaves the others' entries alone), it names none of ``other_ids`` (target
+    variants, models) this run lacks, and no test of the run would match it on another target
+    variant or model (its variant and model ids made wildcards). So a renamed test, or a case
+    renamed in its parameters, is flagged; an entry for a target or model this run does not
+    have is "not judged"."""
+    collected = list(collected)
+    files = {n.partition("::")[0] for n, _ in collected}
+    in_run = {h for _, holes in collected for h in holes if h}
+    others = [i for i in other_ids if i not in in_run]
+    out = QuarantineCheck()
+    for k in known:
+        if any(k.matches(n) for n, _ in collected):
+            continue
+        file, sep, rest = k.test.partition("::")
+        params = rest.partition("[")[2]
+        if not sep or "*" in file or "?" in file:
+            out.not_judged.append((k, "its file part is not one file"))
+        elif file not in files:
+            out.not_judged.append((k, f"{file} was not collected in this run"))
+        elif mentioned := [i for i in others if i in params]:
+            out.not_judged.append((k, f"it names {mentioned[0]!r}, not in this run"))
+        elif any(globs_meet(_tokens(k.test), g) for g in
+                 {_generalized(n, holes) for n, holes in collected if n.startswith(file + "::")}):
+            out.not_judged.append((k, "it may match a target variant or model not in this run"))
+        else:
+            func = rest.partition("[")[0]
+            tests = {n.partition("::")[2].partition("[")[0] for n, _ in collected
+                     if n.startswith(file + "::")}
+            if "*" not in func and "?" not in func and func not in tests:
+                out.unmatched.append((k, f"{file} has no test {func!r}"))
+            elif "[" not in rest and func in tests:
+                out.unmatched.append((k, f"{func} is parametrized: its node ids end in [...];"
+                                         " add [*] for all of them, or their parameter ids"))
+            else:
+                out.unmatched.append((k, f"no test of {file} matches it"))
+    return out

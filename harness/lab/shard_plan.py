@@ -15,12 +15,18 @@ tests and one durations file), so the N shards stay disjoint and together comple
 
 The plan's fingerprint (``by time sha256:...`` or ``by count``) is recorded with the
 shard in environment.properties, so a merge names shards that planned differently.
+
+A durations file holds finite, non-negative seconds per test; anything else makes it
+unreadable: refused when --shard-durations names it, ignored with a warning (the plan is
+by count) when it is the default REPORTS_DIR/durations.json.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
 import statistics
 import xml.etree.ElementTree as ET
@@ -61,7 +67,7 @@ def load_durations(path: Path) -> dict[str, float]:
         out: dict[str, float] = {}
         for case in root.iter("testcase"):
             key = f"{case.get('classname', '')}::{case.get('name', '')}"
-            out[key] = out.get(key, 0.0) + float(case.get("time") or 0.0)
+            out[key] = out.get(key, 0.0) + _seconds(path, key, _number(case.get("time") or "0"))
         return out
     try:
         data = json.loads(text)
@@ -69,11 +75,28 @@ def load_durations(path: Path) -> dict[str, float]:
         raise DurationsError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); delete it"
                              " or make a new one with `hil report`") from None
     tests = data.get("tests") if isinstance(data, dict) else None
-    if not isinstance(tests, dict) or not all(
-            isinstance(v, (int, float)) for v in tests.values()):
+    if not isinstance(tests, dict):
         raise DurationsError(f"{path}: expected {{\"tests\": {{nodeid: seconds}}}}; delete it or"
                              " make a new one with `hil report`")
-    return {str(k): float(v) for k, v in tests.items()}
+    return {str(k): _seconds(path, str(k), v) for k, v in tests.items()}
+
+
+def _number(text: str) -> float | str:
+    """A junit ``time`` attribute as a number (the text itself when it is none)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _seconds(path: Path, test: str, value: Any) -> float:
+    """A test's duration: a finite number of seconds, at least 0 (DurationsError names it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise DurationsError(f"{path}: test {test!r} has duration {value!r}, expected a finite"
+                             " number of seconds, at least 0; delete the file or make a new one"
+                             " with `hil report`")
+    return float(value)
 
 
 def write_durations(path: Path, durations: Mapping[str, float], source: str) -> Path:
@@ -156,10 +179,12 @@ def group_items(items: Iterable[Any], key_of: Any) -> dict[str, list[str]]:
     return groups
 
 
-def durations_for(option: str, reports_dir: Path) -> tuple[dict[str, float], str]:
+def durations_for(option: str, reports_dir: Path,
+                  problems: list[str] | None = None) -> tuple[dict[str, float], str]:
     """The durations to plan with and where they came from: ``option`` (a file) when given
     and present, else REPORTS_DIR/durations.json when it exists, else none (plan by count).
-    A given file that exists but cannot be read raises DurationsError."""
+    A given file that exists but cannot be read raises DurationsError; the default one that
+    cannot be read is ignored (its problem added to ``problems``): the plan is by count."""
     if option and not Path(option).exists():
         # The first nightly of a lab has none yet; every shard sees the same absence.
         return {}, f"{option} (not there yet)"
@@ -169,6 +194,26 @@ def durations_for(option: str, reports_dir: Path) -> tuple[dict[str, float], str
     if default.is_file():
         try:
             return load_durations(default), str(default)
-        except DurationsError:
+        except DurationsError as e:
+            if problems is not None:
+                problems.append(f"{e}; ignored: the shards are planned by test count")
             return {}, f"{default} (unreadable, ignored)"
     return {}, "none"
+
+
+def update_durations(path: Path, measured: Mapping[str, float], source: str) -> Path:
+    """Write ``measured`` into the durations file at ``path``, keeping the tests it already
+    holds that this run did not measure (a ``-k`` run must not shrink the next nightly's
+    plan to its few tests). An unreadable file is replaced."""
+    try:
+        known = load_durations(Path(path)) if Path(path).is_file() else {}
+    except DurationsError:
+        known = {}
+    # Whole or not at all: a full disk keeps the previous file.
+    tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}.tmp")
+    try:
+        write_durations(tmp, {**known, **measured}, source)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Path(path)

@@ -13,7 +13,7 @@ import pytest
 
 from harness.plugin import engine_setup, ordering, outputs, selection, summary
 from harness.plugin.activation import active_because, is_active, register_fixtures
-from harness.plugin.options import HOOKS, add_options
+from harness.plugin.options import HOOKS, add_options, check_settings
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -28,7 +28,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     register_fixtures(config)
     # In this order: each refusal names the first bad argument, and nothing is cleaned
-    # before every argument is accepted.
+    # before every argument is accepted. The settings first: every value typed and in range.
+    check_settings(config)
     selection.register_markers(config)
     selection.check_targets(config)
     selection.check_models(config)
@@ -38,6 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
     ordering.load_shard_and_quarantine(config)
     engine_setup.check_inventory(config)
     outputs.clean_previous_outputs(config)
+    outputs.end_on_sigterm(config)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

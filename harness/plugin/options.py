@@ -1,12 +1,20 @@
-"""The plugin's pytest options, each declared once: name, default, type, help and ``HIL_*``
-environment variable.
+"""The plugin's pytest options, each declared once: name, default, value type, help and
+``HIL_*`` environment variable; the ``hil`` commands declare their shared arguments from them.
 
 ``add_options`` registers them (hooks.py's and allure_report.py's ``pytest_addoption``);
 ``option_value`` reads one. An option's value is the command line's; without it, its environment
 variable's (``env_default``, evaluated when the option is registered, as argparse default);
-without that, its declared default. In a session that does not ask for the harness
-(activation.py), the generic names (``opts_in=False``: ``--model``, ``--target``...) are not
-registered, so another project's options of those names still work.
+without that (or when the variable is empty), its declared default. In a session that does not
+ask for the harness (activation.py), the generic names (``opts_in=False``: ``--model``,
+``--target``...) are not registered, so another project's options of those names still work.
+
+Values are typed by the settings layer (harness/core/settings/): an option declares its
+``kind``, an option with a variable takes the variable's type from the registry there. A bad
+command-line value is refused by argparse, naming the option; a bad variable never breaks the
+registration (``pytest --help`` still works): it becomes an ``EnvProblem`` default that
+``check_settings`` refuses at ``pytest_configure``, naming the variable and its option. Paths
+are checked for what they name (a writable folder...) there too, once the run is known to be
+the harness's.
 
 The defaults that are also another module's defaults are that module's constants, imported
 here: a value is written once. What the kinds declare (engine-start limits, the backends with a
@@ -15,6 +23,7 @@ wider near-tie tolerance, each its own ``--near-tie-tol-BACKEND``) comes from th
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +35,14 @@ import pytest
 from fixtures.models import MODEL_SPECS
 from harness.checks.logprobs import TOL_CARD, TOL_FP32
 from harness.core.comparison import NEAR_TIE_PROB_TOL, NEAR_TIE_TOP_K
+from harness.core.settings import (
+    BY_VARIABLE,
+    SettingError,
+    ValueType,
+    env_problems,
+    parse,
+    value_type,
+)
 from harness.engine.host import CALL_TIMEOUT, START_TIMEOUT
 from harness.engine.pool import MAX_LIVE_ENGINES
 from harness.lab.lease_files import default_lease_dir
@@ -49,16 +66,17 @@ ALLURE = "allure_report"
 @dataclass(frozen=True)
 class Option:
     """One pytest option. ``default`` may be a function (called when the option is registered);
-    ``env`` is the variable that, when set, replaces the default (see ``env_default``)."""
+    ``env`` is the declared variable (harness/core/settings/variables.py) that, when set and
+    not empty, replaces the default (see ``env_default``); ``kind`` is the value type (a name
+    of harness.core.settings.TYPES) of an option without a variable."""
 
     name: str
     help: str
     default: Any = None
-    type: Callable[[str], Any] | None = None
+    kind: str | ValueType | None = None
     env: str | None = None
     action: str | None = None  # "store_true", "append"
     metavar: str | None = None
-    empty_env_unset: bool = False  # an empty variable counts as unset
     plugin: str = HOOKS
     # Given on the command line, asks for the harness in a session (activation.py); false for
     # the generic names another project's suite may use for options of its own.
@@ -67,22 +85,70 @@ class Option:
     def declared_default(self) -> Any:
         return self.default() if callable(self.default) else self.default
 
+    @property
+    def value_type(self) -> ValueType:
+        """The option's type: its variable's when it has one, else its ``kind``; a flag's is
+        a yes/no value, an untyped option's any text."""
+        if self.env:
+            return BY_VARIABLE[self.env].value_type
+        if self.kind is not None:
+            return value_type(self.kind)
+        return value_type("flag" if self.action == "store_true" else "text")
 
-def env_default(opt: Option) -> Any:
-    """The value of ``opt`` when the command line does not give it: its environment variable's,
-    else its declared default. A flag's variable is true unless empty or ``0``; a typed option's
-    is converted by its type (a zero keeps the default)."""
-    default = opt.declared_default()
+    def where(self) -> str:
+        """How a message about the option's variable names it."""
+        return f"env {self.env} (option {self.name})"
+
+
+@dataclass(frozen=True)
+class EnvProblem:
+    """The default of an option whose variable holds a value its type refuses: registered in
+    its place (registration never fails), refused when the run reads the option."""
+
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def env_default(opt: Option, default: Any = None, on_disk: bool = False,
+                flag: str | None = None) -> Any:
+    """The value of ``opt`` when the command line does not give it: its environment variable's
+    (read as its type: a flag's is a yes/no value; with ``on_disk``, a path is checked for what
+    it names), else ``default`` or its declared default. A value the type refuses gives an
+    ``EnvProblem`` (never an exception) naming the variable and the option (as ``flag``)."""
+    fallback = opt.declared_default() if default is None else default
     raw = os.environ.get(opt.env) if opt.env else None
-    if raw is None:
-        return default
-    if opt.action == "store_true":
-        return raw not in ("", "0")
-    if opt.type is not None:
-        return opt.type(raw) or default
-    if not raw and opt.empty_env_unset:
-        return default
-    return raw
+    if raw is None or not raw.strip():
+        return fallback
+    try:
+        return parse(opt.value_type, raw, flag or opt.name, opt.env, on_disk=on_disk)
+    except SettingError as e:
+        return EnvProblem(f"{e}; fix or unset {opt.env}")
+
+
+def argparse_type(opt: Option, on_disk: bool = False,
+                  empty_ok: bool | None = None) -> Callable[[str], Any] | None:
+    """The argparse ``type`` of ``opt``: its value type's parser, refusing a bad value with
+    the accepted form (argparse names the option). Empty is "not given" for an option whose
+    default is empty (``empty_ok``; by default its declared one). None for flags, lists and
+    plain text."""
+    t = opt.value_type
+    if opt.action is not None or t.name == "text":
+        return None
+    if empty_ok is None:
+        empty_ok = opt.declared_default() == ""
+
+    def convert(raw: str) -> Any:
+        if empty_ok and raw == "":
+            return ""
+        try:
+            return parse(t, raw, opt.name, on_disk=on_disk)
+        except SettingError as e:
+            raise argparse.ArgumentTypeError(e.detail) from None
+
+    convert.__name__ = t.name
+    return convert
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -99,10 +165,10 @@ OPTIONS: tuple[Option, ...] = (
            help="let device engines run on an emulated vendor runtime (the emulated card host);"
            " each such result is marked 'emulated' in the report. Without it an engine on the"
            " emulated runtime fails its test"),
-    Option("--near-tie-topk", type=int, default=NEAR_TIE_TOP_K,
+    Option("--near-tie-topk", kind="top-k", default=NEAR_TIE_TOP_K,
            help="near-tie rule: each differing token must be in the other side's top-k"
            f" (default {NEAR_TIE_TOP_K})"),
-    Option("--near-tie-tol", type=float, default=NEAR_TIE_PROB_TOL,
+    Option("--near-tie-tol", kind="probability", default=NEAR_TIE_PROB_TOL,
            help="near-tie rule: max probability gap between the two tokens, in both"
            f" distributions (default {NEAR_TIE_PROB_TOL:g})"),
     Option("--no-engine-reuse", action="store_true", default=False,
@@ -119,7 +185,7 @@ OPTIONS: tuple[Option, ...] = (
            help="models, reference outputs and engine caches (env HIL_CACHE_DIR)"),
     Option("--hil-reports-dir", env="HIL_REPORTS_DIR", default=str(HERE / "reports"),
            help="engine logs and run statistics (env HIL_REPORTS_DIR)"),
-    Option("--max-live-engines", type=int, default=MAX_LIVE_ENGINES,
+    Option("--max-live-engines", kind="count", default=MAX_LIVE_ENGINES,
            help=f"engines kept alive at once per worker (default {MAX_LIVE_ENGINES})"),
     Option("--inject-fault", action="append", default=list, metavar="FAULT[:k=v,...]",
            help="install a fault (harness/in_engine/faults/) in every engine, to prove the"
@@ -128,15 +194,15 @@ OPTIONS: tuple[Option, ...] = (
            help="allow --inject-fault and an inventory's HIL_FAULTS to name a"
            " module.function outside harness/in_engine/faults/ (it is imported and run)"),
     Option("--hil-clean-results", action="store_true", default=False,
-           help="empty --alluredir once the arguments are accepted (hil run passes it, so"
-           " a refused run keeps the previous results)"),
+           help="empty --alluredir once the arguments are accepted, so a refused run keeps"
+           " the previous results (hil run needs none: it writes each run into a fresh folder)"),
     Option("--inventory", opts_in=False, env="HIL_INVENTORY", default="",
            help="inventory file (TOML or YAML) listing this host's devices; overrides"
            " discovery (env HIL_INVENTORY)"),
     Option("--lease-dir", env="HIL_LEASE_DIR", default=lambda: str(default_lease_dir()),
            help="folder of device lease locks, owned by you, mode 0700 (env HIL_LEASE_DIR;"
            " default: a per-user folder)"),
-    Option("--lease-wait", type=float, default=LEASE_WAIT,
+    Option("--lease-wait", kind="seconds", default=LEASE_WAIT,
            help="seconds a worker waits for a device when all are leased"
            f" (default {LEASE_WAIT:g})"),
     Option("--lease-share", action="store_true", default=False,
@@ -149,7 +215,10 @@ OPTIONS: tuple[Option, ...] = (
            " present, else by test count (env HIL_SHARD_DURATIONS)"),
     Option("--quarantine", opts_in=False, env="HIL_QUARANTINE", default=str(DEFAULT_QUARANTINE),
            help="known failures: run and reported as known, not failing the run"),
-    Option("--stack", opts_in=False, env="HIL_STACK", empty_env_unset=True, default=default_stack,
+    Option("--strict-quarantine", action="store_true", env="HIL_STRICT_QUARANTINE", default=False,
+           help="refuse the run when a quarantine entry matches no collected test (without it,"
+           " such an entry is a warning; env HIL_STRICT_QUARANTINE)"),
+    Option("--stack", opts_in=False, env="HIL_STACK", default=default_stack,
            help="the pinned stack (stacks/NAME.toml) whose venv runs the engines; install it"
            " with ./setup.sh --stack NAME; or host: the Python given by --python, as it is"
            " (env HIL_STACK; default: default in a checkout, else host)"),
@@ -159,26 +228,26 @@ OPTIONS: tuple[Option, ...] = (
     Option("--device-root", env="HIL_DEVICE_ROOT", default="", metavar="DIR",
            help="read sysfs and /dev below DIR instead of / (a fake card host; env"
            " HIL_DEVICE_ROOT)"),
-    Option("--engine-start-timeout", type=float, env="HIL_ENGINE_START_TIMEOUT", default=None,
+    Option("--engine-start-timeout", env="HIL_ENGINE_START_TIMEOUT", default=None,
            help="seconds an engine may take to start (default per backend: "
            + "".join(f"{what} {t:g}, " for what, t in start_timeouts().items())
            + f"others {START_TIMEOUT:g}; env HIL_ENGINE_START_TIMEOUT)"),
     Option("--hil-plan", action="store_true", default=False,
            help="plan only: record each test's engine configuration (for the test order) and"
            " skip it before any engine starts"),
-    *(Option(f"--near-tie-tol-{t.backend}", type=float, default=t.default,
+    *(Option(f"--near-tie-tol-{t.backend}", kind="probability", default=t.default,
              help=f"near-tie tolerance on the {t.backend} backend ({t.why}; default {t.default:.2f})")
       for t in near_tie_tolerances()),
-    Option("--logprob-tol", type=float, default=None,
+    Option("--logprob-tol", kind="tolerance", default=None,
            help="logprob closeness on the fp32 CPU paths (vllm-cpu, spyre eager): max |device -"
            f" reference| logprob of a compared token, in nats (default {TOL_FP32:g})"),
-    Option("--logprob-tol-card", type=float, default=None,
+    Option("--logprob-tol-card", kind="tolerance", default=None,
            help="logprob closeness on cards (sendnn fp16, neuron): max |device - reference|"
            f" logprob in nats (default {TOL_CARD:g})"),
     Option("--no-teacher-forcing", action="store_true", default=False,
            help="skip the teacher-forced run (each request fed the reference's tokens) that"
            " token equality adds to its engine call"),
-    Option("--engine-timeout", type=float, default=CALL_TIMEOUT,
+    Option("--engine-timeout", kind="seconds", default=CALL_TIMEOUT,
            help="seconds one engine call may take before the engine is killed"),
     Option("--allure-attach-passed", action="store_true", env="HIL_ALLURE_ATTACH_PASSED",
            default=False, plugin=ALLURE,
@@ -189,6 +258,10 @@ OPTIONS: tuple[Option, ...] = (
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 
+def _help(opt: Option) -> str:
+    return opt.help if not opt.env or opt.env in opt.help else f"{opt.help} (env {opt.env})"
+
+
 def add_options(parser: pytest.Parser, plugin: str, generic: bool = True) -> None:
     """Register the options ``plugin`` owns, in their declared order; without ``generic``, only
     those that opt in (the generic names stay free for another project's options)."""
@@ -196,10 +269,11 @@ def add_options(parser: pytest.Parser, plugin: str, generic: bool = True) -> Non
     for opt in OPTIONS:
         if opt.plugin != plugin or not (generic or opt.opts_in):
             continue
-        attrs: dict[str, Any] = {"default": env_default(opt), "help": opt.help}
-        for key in ("type", "action", "metavar"):
-            if getattr(opt, key) is not None:
-                attrs[key] = getattr(opt, key)
+        attrs: dict[str, Any] = {"default": env_default(opt), "help": _help(opt)}
+        for key, value in (("type", argparse_type(opt)), ("action", opt.action),
+                           ("metavar", opt.metavar)):
+            if value is not None:
+                attrs[key] = value
         group.addoption(opt.name, **attrs)
 
 
@@ -208,9 +282,68 @@ _NOTSET = object()
 
 def option_value(config: pytest.Config, name: str, default: Any = _NOTSET) -> Any:
     """The value of the declared option ``name`` (command line, else env_default); ``default``
-    when the plugin that registers it is not loaded."""
+    when the plugin that registers it is not loaded. A bad variable's value is refused here
+    too (``check_settings`` refuses it first)."""
     if name not in BY_NAME:
         raise KeyError(f"{name} is not a vllm-hil option (harness/plugin/options.py)")
-    if default is _NOTSET:
-        return config.getoption(name)
-    return config.getoption(name, default)
+    value = config.getoption(name) if default is _NOTSET else config.getoption(name, default)
+    if isinstance(value, EnvProblem):
+        raise pytest.UsageError(f"env {value}")
+    return value
+
+
+def check_settings(config: pytest.Config) -> None:
+    """Refuse a run whose settings are bad, before anything else is checked or cleaned: an
+    option's variable its type refused (when the command line does not replace it), a set
+    ``HIL_*`` variable of no option that its type refuses, and a path option that does not
+    name what it must (a folder the run can write in...). A --help or --version run is not
+    refused: it reads no setting."""
+    if config.getoption("help", False) or config.getoption("version", False):
+        return
+    for opt in OPTIONS:
+        value = config.getoption(opt.name, None)
+        if isinstance(value, EnvProblem):
+            raise pytest.UsageError(f"env {value}")
+    others = tuple(n for n, v in BY_VARIABLE.items() if v.option is None)
+    for problem in env_problems(names=others):
+        raise pytest.UsageError(f"env {problem}; fix or unset it")
+    for opt in OPTIONS:
+        value = config.getoption(opt.name, None)
+        if opt.value_type.disk_check is None or not isinstance(value, str) or not value:
+            continue
+        variable = opt.env if opt.env and os.environ.get(opt.env) == value else None
+        try:
+            parse(opt.value_type, value, opt.name, variable)
+        except SettingError as e:
+            raise pytest.UsageError(str(e)) from None
+
+
+def add_cli_option(parser: argparse.ArgumentParser, name: str, flag: str | None = None,
+                   default: Any = None, help: str | None = None) -> None:
+    """Declare the option ``name`` on a ``hil`` command's parser (as ``flag``, its own name
+    there, e.g. ``--reports-dir`` for ``--hil-reports-dir``): the same type, variable and
+    checks as pytest's, paths checked for what they name at once (``default``: the command's
+    own default instead of pytest's). A bad variable becomes an ``EnvProblem`` default, which
+    ``cli_env_problem`` finds after parsing."""
+    opt = BY_NAME[name]
+    attrs: dict[str, Any] = {"default": env_default(opt, default, True, flag),
+                             "help": help or _help(opt)}
+    empty = (opt.declared_default() if default is None else default) == ""
+    kind = argparse_type(opt, on_disk=True, empty_ok=empty)
+    for key, value in (("type", kind), ("action", opt.action), ("metavar", opt.metavar)):
+        if value is not None:
+            attrs[key] = value
+    parser.add_argument(flag or name, **attrs)
+
+
+def cli_type(kind: str, option: str) -> Callable[[str], Any]:
+    """The argparse ``type`` of a ``hil`` command's own typed argument (no pytest option):
+    ``kind`` is a name of harness.core.settings.TYPES."""
+    return argparse_type(Option(option, help="", kind=kind), on_disk=True) or str
+
+
+def cli_env_problem(args: argparse.Namespace) -> str | None:
+    """The first bad variable a parsed ``hil`` command would use (an argument the command line
+    did not give), as a message; None when there is none."""
+    problems = [v for v in vars(args).values() if isinstance(v, EnvProblem)]
+    return f"env {problems[0]}" if problems else None

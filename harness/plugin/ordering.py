@@ -1,15 +1,27 @@
 """The order tests run in: by target variant and model, equal engine configurations together;
 then this host's shard of them (--shard, planned over the test durations) and the quarantine
-(--quarantine) applied."""
+(--quarantine) applied.
+
+Files read here that the harness wrote itself (the engine-order record, the default durations
+file) are ignored with a warning when unreadable; quarantine entries that match no collected
+test are a warning too (refused under --strict-quarantine). The warnings go to pytest's
+warnings summary (the workers' too) and to the terminal summary (``file_warnings``)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
 
-from harness.engine.order import order_tests_by_engine_config
-from harness.lab.quarantine import apply_quarantine, load_quarantine
+from fixtures.models import MODEL_SPECS
+from harness.engine.order import RECORD, order_tests_by_engine_config
+from harness.lab.quarantine import (
+    QuarantineCheck,
+    apply_quarantine,
+    judge_quarantine,
+    load_quarantine,
+)
 from harness.lab.shard import parse_shard, shard_key
 from harness.lab.shard_plan import DurationsError, durations_for, group_items, plan_shards
 from harness.plugin.invocation import is_worker
@@ -19,6 +31,25 @@ from harness.targets.variants import VARIANTS
 SHARD_KEY = pytest.StashKey[object]()
 QUARANTINE_KEY = pytest.StashKey[list]()
 SHARD_PLAN_KEY = pytest.StashKey[str]()
+WARNINGS_KEY = pytest.StashKey[list]()
+QUARANTINE_CHECK_KEY = pytest.StashKey[QuarantineCheck]()
+
+
+class HilFileWarning(pytest.PytestWarning):
+    """A file of the harness's own ignored, or a quarantine entry that matches nothing."""
+
+
+def warn(config: pytest.Config, text: str, source: str | Path) -> None:
+    """Say ``text`` in pytest's warnings summary (at the file ``source``) and in the run's
+    terminal summary."""
+    config.stash.setdefault(WARNINGS_KEY, []).append(text)
+    warnings.warn_explicit(HilFileWarning(text), HilFileWarning, str(source), 0)
+
+
+def file_warnings(config: pytest.Config) -> list[str]:
+    """What this process warned about its files and quarantine, in order."""
+    stash = getattr(config, "stash", None)  # a stand-in config of a unit test has none
+    return list(stash.get(WARNINGS_KEY, [])) if stash is not None else []
 
 
 def load_shard_and_quarantine(config: pytest.Config) -> None:
@@ -48,7 +79,10 @@ def order_items(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Equal engine configurations run together, so each engine starts once (per card: the
     # configurations recorded by earlier runs order the tests within a variant and model).
     items.sort(key=variant_rank)
-    order_tests_by_engine_config(items, Path(option_value(config, "--hil-cache-dir")), variant_rank)
+    cache = Path(option_value(config, "--hil-cache-dir"))
+    problem = order_tests_by_engine_config(items, cache, variant_rank)
+    if problem:
+        warn(config, f"engine order: {problem}", cache / RECORD)
 
 
 def keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,11 +90,15 @@ def keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
     shard = config.stash.get(SHARD_KEY, None)
     if shard is None:
         return
+    problems: list[str] = []
     try:
         durations, source = durations_for(option_value(config, "--shard-durations"),
-                                          Path(option_value(config, "--hil-reports-dir")))
+                                          Path(option_value(config, "--hil-reports-dir")),
+                                          problems)
     except DurationsError as e:
         raise pytest.UsageError(f"--shard-durations: {e}") from None
+    for problem in problems:
+        warn(config, f"shard durations: {problem}", source)
     plan = plan_shards(group_items(items, shard_key), shard[1], durations)
     config.stash[SHARD_PLAN_KEY] = f"{plan.fingerprint} (durations: {source})"
     if not is_worker(config):
@@ -72,8 +110,53 @@ def keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
     items[:] = keep
 
 
+def param_ids(item: pytest.Item) -> tuple[str, ...]:
+    """The target variant and model ids in ``item``'s node id (what other runs vary)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    ids = [getattr(params.get("target_variant"), "id", None)]
+    if params.get("model") is not None:
+        ids.append(Path(str(params["model"])).name)
+    return tuple(i for i in ids if isinstance(i, str) and i)
+
+
+def collected_items(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
+    """Every test collection produced: ``items`` and those deselected before (-m, -k,
+    --shard), which the terminal reporter keeps."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    deselected = list(getattr(reporter, "stats", {}).get("deselected", []))
+    return [*items, *(i for i in deselected if isinstance(i, pytest.Item))]
+
+
 def quarantine(config: pytest.Config, items: list[pytest.Item]) -> None:
-    apply_quarantine(items, config.stash.get(QUARANTINE_KEY, []))
+    """Quarantine ``items``; warn of entries that match no collected test (refuse them under
+    --strict-quarantine), judged over the whole collection (quarantine.judge_quarantine)."""
+    known = config.stash.get(QUARANTINE_KEY, [])
+    apply_quarantine(items, known)
+    if not known:
+        return
+    check = judge_quarantine(known, [(i.nodeid, param_ids(i)) for i in
+                                     collected_items(config, items)],
+                             other_ids=[*VARIANTS, *MODEL_SPECS])
+    config.stash[QUARANTINE_CHECK_KEY] = check
+    if check.unmatched and option_value(config, "--strict-quarantine"):
+        refusal = "--strict-quarantine: " + "; ".join(check.warnings())
+        if is_worker(config) and items:
+            # xdist drops a worker's UsageError unseen: the worker runs nothing and stops the
+            # session, which the controller reports with this reason.
+            config.hook.pytest_deselected(items=list(items))
+            items[0].session.shouldfail = refusal
+            items[:] = []
+            return
+        raise pytest.UsageError(refusal)
+    for line in check.warnings():
+        warn(config, f"quarantine: {line}", option_value(config, "--quarantine"))
+
+
+def quarantine_notes(config: pytest.Config) -> list[str]:
+    """The entries this run could not judge, and why (said with -v)."""
+    stash = getattr(config, "stash", None)
+    check = stash.get(QUARANTINE_CHECK_KEY, None) if stash is not None else None
+    return check.notes() if check is not None else []
 
 
 def shard_with_plan(config: pytest.Config) -> str:

@@ -1,12 +1,20 @@
-"""The run's output folders: the previous run's statistics (and, for ``hil run``, results)
-removed once the arguments are accepted, and the run's timing written at its end."""
+"""The run's output folders: the previous run's statistics (and, with --hil-clean-results,
+results) removed once the arguments are accepted, and the run's timing written at its end.
+``hil run`` gives pytest a fresh folder of its own, so it passes no --hil-clean-results; a
+direct pytest run with it empties its --alluredir as before.
+
+And SIGTERM: in the main pytest process (not an xdist worker) it ends the session as a Ctrl-C
+does, so a stopped run writes its junit, results and summary and stops its engines."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
+from types import FrameType
 
 import psutil
 import pytest
@@ -55,3 +63,18 @@ def write_timing(config: pytest.Config) -> None:
     out = Path(option_value(config, "--hil-reports-dir"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "timing.json").write_text(json.dumps(_TIMES))
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+
+def end_on_sigterm(config: pytest.Config) -> None:
+    """SIGTERM raises KeyboardInterrupt in the main process while the session runs (only where
+    nothing else handles SIGTERM); the previous handler comes back when the session ends."""
+    if is_worker(config) or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    signal.signal(signal.SIGTERM, _sigterm)
+    config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))

@@ -47,7 +47,13 @@ def check_models(config: pytest.Config) -> None:
     if not model_values(config):
         raise pytest.UsageError(f"--model {option_value(config, '--model')!r} names no model; pass"
                                 f" one of: {', '.join(MODEL_SPECS)}, or a local model folder")
+    seen: dict[str, str] = {}
     for m in model_values(config):
+        key = m if m in MODEL_SPECS else str(Path(m).resolve())
+        if key in seen:  # the same tests twice, under new ids
+            twice = "is named twice" if m == seen[key] else f"is the same folder as {seen[key]!r}"
+            raise pytest.UsageError(f"--model: {m!r} {twice}; name each model once")
+        seen[key] = m
         if m not in MODEL_SPECS and not Path(m).is_dir():
             raise pytest.UsageError(
                 f"--model: model folder not found: {m}; pass a local model folder (containing"

@@ -1,6 +1,8 @@
-"""The run's terminal summary (section ``vllm-hil``): quarantined tests that pass now, and
-what the workers' statistics files say: engines started, cards, engine hygiene, reference
-cache, near-ties, near-tie exposure and teacher-forced agreement."""
+"""The run's terminal summary (section ``vllm-hil``): quarantined tests that pass now, the
+warnings about the harness's own files and the quarantine (ordering.py), and what the workers'
+statistics files say: engines started, cards, engine hygiene, reference cache, near-ties,
+near-tie exposure and teacher-forced agreement. A statistics file that cannot be read is named
+and left out."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from harness.engine.device_ledger import ledger_summary_lines
 from harness.lab.quarantine import quarantined_passes
 from harness.plugin.invocation import is_worker, writes_nothing
 from harness.plugin.options import option_value
+from harness.plugin.ordering import file_warnings, quarantine_notes
 from harness.report.root_cause import hygiene_lines
 
 
@@ -24,6 +27,27 @@ def warn_quarantined_passes(tr: pytest.TerminalReporter) -> None:
         tr.write_line(
             f"WARNING: quarantined test passes now; remove it from quarantine: {nodeid}",
             yellow=True, bold=True)
+
+
+def warn_files(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The files ignored and the quarantine entries that match nothing; with -v, the entries
+    this run could not judge."""
+    for line in file_warnings(config):
+        tr.write_line(f"WARNING: {line}", yellow=True, bold=True)
+    if getattr(config.option, "verbose", 0) > 0:
+        for line in quarantine_notes(config):
+            tr.write_line(f"quarantine: {line}")
+
+
+def read_stats(f: Path) -> tuple[dict | None, str | None]:
+    """A worker's statistics file, or why it is left out (a worker killed mid-write)."""
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return None, f"{f}: cannot be read ({e}); left out of this summary"
+    if not isinstance(data, dict) or not isinstance(data.get("engines"), list):
+        return None, f"{f}: not a statistics file of this harness; left out of this summary"
+    return data, None
 
 
 @dataclass
@@ -58,14 +82,26 @@ def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
     if is_worker(config) or writes_nothing(config):
         return  # a collect-only run must not report the statistics of another run
     warn_quarantined_passes(tr)
+    warn_files(tr, config)
     stats_dir = Path(option_value(config, "--hil-reports-dir")) / "stats"
     files = sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []
     if not files:
         return
     s = RunStats()
+    unread: list[str] = []
     for f in files:
-        s.add(json.loads(f.read_text()))
+        data, problem = read_stats(f)
+        try:
+            if data is not None:
+                RunStats().add(data)  # whole or not at all
+                s.add(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            problem = f"{f}: not a statistics file of this harness ({e!r}); left out"
+        if problem:
+            unread.append(problem)
     tr.section("vllm-hil")
+    for line in unread:
+        tr.write_line(f"WARNING: {line}", yellow=True)
     tr.write_line(f"stack: {option_value(config, '--stack')}")
     for line in s.leases:
         tr.write_line(f"lease: {line}")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.checks.distribution import DISTRIBUTION_DISTANCE, DISTRIBUTION_UNRECORDED
 from harness.core import verdict as checks
 from harness.targets import device_kinds
 
@@ -74,7 +75,7 @@ def _device_labels() -> str:
 
 # Exact check names that belong to another category than their family's.
 _EXACT_CHECKS = frozenset({checks.KV_LEDGER_UNRECORDED, checks.PREEMPTION_UNRECORDED,
-                           checks.SELF_CONSISTENCY_UNRECORDED})
+                           checks.SELF_CONSISTENCY_UNRECORDED, DISTRIBUTION_UNRECORDED})
 
 CATEGORIES: tuple[Category, ...] = (
     Category(
@@ -135,6 +136,13 @@ CATEGORIES: tuple[Category, ...] = (
         families=(checks.LOGPROB_CLOSENESS,),
     ),
     Category(
+        "distribution drift",
+        "the device's distribution over its returned top-k is farther from the CPU reference's"
+        " (KL divergence, a lower bound from both top-k tables) than the calibrated noise of"
+        " its precision allows",
+        families=(DISTRIBUTION_DISTANCE,),
+    ),
+    Category(
         "sampler not greedy",
         "under greedy sampling the device chose a token that is not the top-1 of its own"
         " returned logprobs: its sampler or argmax did not take the maximum",
@@ -155,7 +163,7 @@ CATEGORIES: tuple[Category, ...] = (
             _EXC + r"ConfigError:",
         ),
         checks=(checks.KV_LEDGER_UNRECORDED, checks.PREEMPTION_UNRECORDED,
-                checks.SELF_CONSISTENCY_UNRECORDED),
+                checks.SELF_CONSISTENCY_UNRECORDED, DISTRIBUTION_UNRECORDED),
     ),
     # Any other exception than an assertion is the harness's or the stack's error.
     Category(

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from harness.core.paths import REPO_ROOT
 from harness.report.categories import write_categories
+from harness.report.report_output import mark_report, swap_in
 from harness.report.results import ResultsFolder, load_results
 from harness.report.stack_summary import write_report_summary
 
@@ -169,8 +170,23 @@ def generate_report(
     except ReportToolMissing as e:
         outcome.error, outcome.tool_missing = str(e), True
         return outcome
+    report_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = report_dir.parent / f".{report_dir.name}-staging"
     building = report_dir.parent / f".{report_dir.name}-building"
+    try:
+        return _generate(folder, outcome, (tool, java), (staging, building), history, env)
+    finally:
+        # A failed or killed generation leaves nothing behind; the previous report stays.
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(building, ignore_errors=True)
+
+
+def _generate(folder: ResultsFolder, outcome: ReportOutcome, tool_java: tuple[str, str],
+              scratch: tuple[Path, Path], history: bool, env: Mapping[str, str] | None
+              ) -> ReportOutcome:
+    """Stage, run allure generate into ``building``, mark it and swap it in."""
+    (tool, java), (staging, building) = tool_java, scratch
+    report_dir = outcome.report_dir
     outcome.problems += stage_results(folder, staging, report_dir if history else None)
     shutil.rmtree(building, ignore_errors=True)
     run_env = dict(os.environ if env is None else env)
@@ -191,13 +207,11 @@ def generate_report(
         outcome.error = (f"allure generate failed (exit {proc.returncode}); the previous report"
                          f" is kept:\n{tail}")
         return outcome
+    mark_report(building)
     old = report_dir.parent / f".{report_dir.name}-old"
     shutil.rmtree(old, ignore_errors=True)
-    if report_dir.exists():
-        report_dir.rename(old)
-    building.rename(report_dir)
+    swap_in(building, report_dir, old)
     shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(staging, ignore_errors=True)
     outcome.generated = True
     outcome.size_bytes, outcome.files = _dir_size(report_dir)
     outcome.trend_runs = _trend_runs(report_dir)

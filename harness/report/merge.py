@@ -10,6 +10,7 @@ shards that ran on a different stack or harness version than the others.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tarfile
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.report.categories import write_categories
-from harness.report.results import labels_of, load_results, params_of
+from harness.report.report_output import swap_in
+from harness.report.results import ResultsFolder, labels_of, load_results, params_of
 from harness.report.run_config import format_properties, read_properties
 
 ARCHIVES = (".tar.gz", ".tgz", ".zip")
@@ -77,7 +79,7 @@ def _safe_extract(archive: Path, into: Path) -> None:
         t.extractall(into, filter="data")
 
 
-def _find_results(root: Path) -> Path | None:
+def find_results(root: Path) -> Path | None:
     """The allure-results folder in ``root``: itself, root/allure-results, or one found
     below (archives often keep a reports/ prefix)."""
     def holds(p: Path) -> bool:
@@ -106,7 +108,7 @@ def open_source(given: str, scratch: Path) -> Source:
         except (tarfile.TarError, zipfile.BadZipFile, OSError) as e:
             raise MergeError(f"{given}: cannot extract the archive ({e})") from None
         path = target
-    results = _find_results(path)
+    results = find_results(path)
     if results is None:
         raise MergeError(f"{given}: no allure-results folder in it (expected *-result.json and"
                          " environment.properties written by `hil nightly`)")
@@ -181,40 +183,76 @@ def _merged_properties(sources: list[Source]) -> dict[str, str]:
     return out
 
 
+def copies_problem(opened: list[tuple[Source, ResultsFolder]]) -> str | None:
+    """Two sources that hold the same test results (the same result uuids, or the same tests
+    with the same start times): one is a copy of the other, whatever shard it is labelled."""
+    def keys(folder: ResultsFolder) -> tuple[set[str], set[tuple[str, object]]]:
+        tests = folder.tests
+        return ({str(t["uuid"]) for t in tests},
+                {(str(t.get("historyId") or t["name"]), t.get("start")) for t in tests})
+
+    seen = [(src, *keys(folder)) for src, folder in opened]
+    for i, (a, uuids_a, runs_a) in enumerate(seen):
+        for b, uuids_b, runs_b in seen[i + 1:]:
+            same = uuids_a & uuids_b
+            how = "the same result uuids"
+            if not same and runs_a and runs_a == runs_b:
+                same, how = runs_a, "the same tests with the same start times"
+            if same:
+                labels = f" (labelled {a.name} and {b.name})" if a.shard != b.shard else ""
+                return (f"{a.given} and {b.given} hold {len(same)} identical test result(s)"
+                        f" ({how}){labels}: one is a copy of the other; merge each shard's own"
+                        " results once. Nothing was changed")
+    return None
+
+
 def merge_results(sources: list[str], out: Path) -> Merged:
-    """Merge ``sources`` into the (replaced) folder ``out``. Unreadable files of a source
-    are skipped and named; a source that cannot be opened raises MergeError."""
+    """Merge ``sources`` into the folder ``out``, replaced only once the merge is done.
+    Every source is opened and checked first: one that cannot be opened, or two that are
+    copies of one another, raise MergeError with ``out`` untouched. Unreadable files of a
+    source are skipped and named."""
     out = Path(out)
     scratch = out.parent / f".{out.name}-sources"
-    shutil.rmtree(scratch, ignore_errors=True)
+    fresh = out.parent / f".{out.name}-new"
+    old = out.parent / f".{out.name}-old"
+    for leftover in (scratch, fresh, old):
+        shutil.rmtree(leftover, ignore_errors=True)
     scratch.mkdir(parents=True)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
     merged = Merged(folder=out)
     try:
-        opened = [open_source(s, scratch) for s in sources]
-        for src in opened:
-            folder = load_results(src.results)
+        try:
+            opened = [open_source(s, scratch) for s in sources]
+        except OSError as e:
+            raise MergeError(f"{e.filename}: cannot read the source ({os.strerror(e.errno or 0)});"
+                             " nothing was changed") from None
+        folders = [load_results(src.results) for src in opened]
+        problem = copies_problem(list(zip(opened, folders, strict=True)))
+        if problem:
+            raise MergeError(problem)
+        fresh.mkdir()
+        for src, folder in zip(opened, folders, strict=True):
             src.tests = len(folder.results)
             merged.problems += [f"{src.name}: {p}" for p in folder.problems]
             for path in [*folder.results, *folder.containers, *folder.attachments]:
-                dest = out / path.name
-                if dest.exists():  # uuids collide only when one folder was merged twice
+                dest = fresh / path.name
+                if dest.exists():
                     merged.problems.append(f"{src.name}: {path.name} already merged from another"
                                            " source; skipped")
                     continue
                 shutil.copy2(path, dest)
             executor = src.results / "executor.json"
-            if executor.is_file() and not (out / "executor.json").exists():
-                shutil.copy2(executor, out / "executor.json")
+            if executor.is_file() and not (fresh / "executor.json").exists():
+                shutil.copy2(executor, fresh / "executor.json")
         merged.sources = opened
         shard_problems = _shard_problems(opened)
         merged.complete = not shard_problems
         merged.problems = shard_problems + _version_problems(opened) + merged.problems
-        (out / "environment.properties").write_text(format_properties(_merged_properties(opened)))
-        write_categories(out)
+        (fresh / "environment.properties").write_text(format_properties(_merged_properties(opened)))
+        write_categories(fresh)
+        swap_in(fresh, out, old)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        for leftover in (scratch, fresh, old):
+            shutil.rmtree(leftover, ignore_errors=True)
     return merged
 
 

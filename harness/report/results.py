@@ -42,16 +42,48 @@ def _load_json(path: Path) -> tuple[Any, str | None]:
                       f" {len(text)} bytes, truncated?)")
 
 
+_TEXT_FIELDS = ("historyId", "testCaseId", "fullName", "description", "descriptionHtml")
+_LIST_FIELDS = ("labels", "parameters", "links", "steps", "attachments")
+
+
+def _shape_problem(node: dict[str, Any], where: str = "") -> str | None:
+    """The first field of a result (or step) whose type is not Allure's, or None."""
+    status = node.get("status")
+    if status is not None and status not in STATUSES:
+        return f"{where}status {status!r} (expected one of {', '.join(STATUSES)})"
+    for key in ("start", "stop"):
+        value = node.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{where}{key} {value!r} is not a number of milliseconds"
+    for key in _TEXT_FIELDS:
+        if node.get(key) is not None and not isinstance(node[key], str):
+            return f"{where}{key} {node[key]!r} is not a string"
+    details = node.get("statusDetails")
+    if details is not None and not isinstance(details, dict):
+        return f"{where}statusDetails is a JSON {type(details).__name__}, not an object"
+    for key in _LIST_FIELDS:
+        items = node.get(key)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            return f"{where}{key} is a JSON {type(items).__name__}, not a list"
+        if not all(isinstance(i, dict) for i in items):
+            return f"{where}{key} holds an item that is not an object"
+    for i, step in enumerate(node.get("steps") or []):
+        problem = _shape_problem(step, f"{where}steps[{i}].")
+        if problem:
+            return problem
+    return None
+
+
 def _result_problem(data: Any) -> str | None:
     if not isinstance(data, dict):
         return f"not an Allure test result (a JSON {type(data).__name__}, not an object)"
     missing = [k for k in ("uuid", "name") if not isinstance(data.get(k), str)]
     if missing:
         return f"not an Allure test result (no {' or '.join(missing)})"
-    status = data.get("status")
-    if status is not None and status not in STATUSES:
-        return f"not an Allure test result (status {status!r})"
-    return None
+    problem = _shape_problem(data)
+    return f"not an Allure test result ({problem})" if problem else None
 
 
 def _container_problem(data: Any) -> str | None:
@@ -59,6 +91,15 @@ def _container_problem(data: Any) -> str | None:
         return "not an Allure result container (no uuid)"
     if not isinstance(data.get("children", []), list):
         return "not an Allure result container (children is not a list)"
+    for key in ("befores", "afters"):
+        items = data.get(key)
+        if items is not None and (not isinstance(items, list)
+                                  or not all(isinstance(i, dict) for i in items)):
+            return f"not an Allure result container ({key} is not a list of objects)"
+        for i, fixture in enumerate(items or []):
+            problem = _shape_problem(fixture, f"{key}[{i}].")
+            if problem:
+                return f"not an Allure result container ({problem})"
     return None
 
 

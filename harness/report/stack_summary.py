@@ -27,6 +27,8 @@ from typing import Any
 from harness.core.paths import REPO_ROOT
 from harness.engine.device_ledger import append_device_summary
 from harness.report.results import ResultsFolder, load_results, params_of
+from harness.report.run_config import read_properties
+from harness.report.run_folder import INTERRUPTED_KEY
 from harness.report.stack_matrix import (
     Case,
     group_skips,
@@ -36,7 +38,7 @@ from harness.report.stack_matrix import (
     skips_markdown,
     totals_line,
 )
-from harness.report.summary import is_table_row, summary_text, write_summary
+from harness.report.summary import is_table_row, summary_text, write_summary, write_text_safely
 from harness.stacks.spec import DEFAULT_STACK, StackError, load_stack
 from harness.targets import all_variants
 
@@ -197,9 +199,12 @@ def merged_summary(reports: Path, stacks: Sequence[str], problems: Sequence[str]
                           skips_markdown(group_skips(cases, declared)), sections, problems)
 
 
-def write_run_summary(reports: Path, allure_dir: Path, stacks: Sequence[str]) -> str:
+def write_run_summary(reports: Path, allure_dir: Path, stacks: Sequence[str],
+                      published: Path | None = None) -> str:
     """`hil run`'s summary.md: one stack's summary as it always was (with its cards); for
-    several stacks the merged summary of their parts. Returns the text written."""
+    several stacks the merged summary of their parts. Returns the text written. ``published``:
+    where ``allure_dir`` will be once the run is published (``hil run`` writes into a staging
+    folder), recorded in run.json so `hil report` of it finds the parts."""
     reports = Path(reports)
     out = reports / "summary.md"
     if len(stacks) < 2:
@@ -210,10 +215,10 @@ def write_run_summary(reports: Path, allure_dir: Path, stacks: Sequence[str]) ->
     folder = load_results(Path(allure_dir))
     parts_dir(reports).mkdir(parents=True, exist_ok=True)
     (parts_dir(reports) / RUN_FILE).write_text(json.dumps({
-        "stacks": list(stacks), "results": str(Path(allure_dir).resolve()),
+        "stacks": list(stacks), "results": str(Path(published or allure_dir).resolve()),
         "tests": len(folder.tests)}))
     text = merged_summary(reports, stacks, folder.problems, folder.tests)
-    out.write_text(text)
+    write_text_safely(out, text)
     return text
 
 
@@ -231,14 +236,22 @@ def run_stacks(results_dir: Path, folder: ResultsFolder) -> list[str] | None:
     return [str(s) for s in stacks] if seen <= set(stacks) else None
 
 
+def interrupted_line(why: str) -> str:
+    """The first line of the summary of a run that did not finish."""
+    return f"**INTERRUPTED**: {why}; these are partial results.\n\n"
+
+
 def write_report_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = None) -> str:
     """`hil report`'s summary.md: the merged summary again when the results are those of a
-    `hil run --stacks` with parts, else the summary of the results folder."""
+    `hil run --stacks` with parts, else the summary of the results folder; first, the mark of
+    a run that was interrupted (its ``run.interrupted`` environment property)."""
     folder = folder or load_results(results_dir)
+    why = read_properties(Path(results_dir) / "environment.properties").get(INTERRUPTED_KEY)
     stacks = run_stacks(results_dir, folder)
     if stacks is None:
-        return write_summary(results_dir, out, folder)
-    text = merged_summary(Path(results_dir).parent, stacks, folder.problems, folder.tests)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+        text = summary_text(folder.tests, folder.problems, Path(results_dir).parent / "stats")
+    else:
+        text = merged_summary(Path(results_dir).parent, stacks, folder.problems, folder.tests)
+    text = (interrupted_line(why) if why else "") + text
+    write_text_safely(out, text)
     return text

@@ -4,6 +4,7 @@ failing tests with their category, target, model and first message line."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,9 +173,21 @@ def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = N
     """
     folder = folder or load_results(results_dir)
     text = summary_text(folder.tests, folder.problems, Path(results_dir).parent / "stats")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_text_safely(out, text)
     return text
+
+
+def write_text_safely(out: Path, text: str) -> None:
+    """Write ``out`` whole or not at all: a full disk or a killed run never leaves a truncated
+    summary in place of the previous one (OSError is raised, the previous file kept)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def stats_values(stats_dir: Path, key: str) -> list[Any]:

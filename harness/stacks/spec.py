@@ -170,6 +170,10 @@ def list_stacks() -> list[str]:
 
 def load_stack(name: str) -> Stack:
     """Read and check ``stacks/<name>.toml``; StackError names what is wrong."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or name.endswith(".toml"):
+        # A path would read a file outside stacks/ (and its name could never match).
+        raise StackError(f"{name!r} is not a stack name: name one of the stacks in stacks/"
+                         f" (stacks/NAME.toml), not a path: {list_stacks()}")
     path = stack_file(name)
     if not path.is_file():
         raise StackError(f"no stack {name!r}: {path} does not exist (known: {list_stacks()})")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,33 @@ class DeviceKind:
     inventory_keys: tuple[str, ...] = ()  # those keys, refused on every other kind
     # Driver or firmware versions the host shows for this kind, for the report's environment.
     host_properties: Callable[[Path, DeviceScan], dict[str, str]] | None = None
+    # What an inventory ``address`` of this kind looks like (said in messages) and its pattern,
+    # whose first group is the canonical form: two entries with one canonical address are one
+    # device. None: the kind takes no address (any text is kept, never checked).
+    address_form: str | None = None
+    address_pattern: str | None = None
+    # The variable of an inventory ``env`` that names the device's address too (two names of
+    # one device must agree, and count as its address when ``address`` is not given).
+    address_env: str | None = None
+    # (variable, why) the harness sets itself for this kind's engines: an inventory ``env``
+    # setting one would silently change what the harness runs or checks, so it is refused.
+    owned_env: tuple[tuple[str, str], ...] = ()
+    # The kind's meaning checks of a device's final env (its core range against its tensor
+    # parallel size, say); raises ConfigError naming ``where``.
+    check_env: Callable[[Mapping[str, str], str], None] | None = None
+
+    def address_problem(self, address: str) -> str | None:
+        """Why ``address`` is not an address of this kind (None: it is, or any text goes)."""
+        if self.address_pattern is None:
+            return None
+        if re.fullmatch(self.address_pattern, address, re.IGNORECASE) is None:
+            return f"is not {self.address_form}"
+        return None
+
+    def canonical_address(self, address: str) -> str:
+        """One spelling per device (``/dev/neuron0`` and ``neuron0`` are one device)."""
+        m = re.fullmatch(self.address_pattern or "(.*)", address, re.IGNORECASE)
+        return (m.group(1) if m and m.groups() else address).lower()
 
     @property
     def default_backend(self) -> str | None:

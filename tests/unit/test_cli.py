@@ -71,3 +71,18 @@ def test_java_home_pointing_nowhere_gets_its_own_message(tmp_path, monkeypatch, 
     assert "JAVA_HOME=" in capsys.readouterr().err
     earlier.pop(tmp_path / "reports" / "summary.md")  # remade from the same results
     assert_nothing_lost(earlier)
+
+
+def test_hil_run_plans_shards_by_the_published_durations(tmp_path, capsys, monkeypatch):
+    """pytest's reports dir under `hil run` is the run's staging folder: the published
+    durations.json is named to it; an unreadable one is a warning (the plan goes by count)."""
+    import argparse
+
+    monkeypatch.delenv("HIL_SHARD_DURATIONS", raising=False)
+    args = argparse.Namespace(shard_durations="")
+    durations = write(tmp_path, "durations.json", '{"tests": {"t.py::a": 1.5}}')
+    assert cli._durations_args(tmp_path, args, []) == [f"--shard-durations={durations}"]
+    assert cli._durations_args(tmp_path, args, ["--shard-durations=d.json"]) == []
+    durations.write_text("{not json")
+    assert cli._durations_args(tmp_path, args, []) == []
+    assert "hil run: warning: " in capsys.readouterr().err

@@ -40,8 +40,8 @@ def test_cards_add_their_cases_and_a_family_can_be_chosen():
     cpu = cases_for([])
     spyre = cases_for(["spyre"])
     assert len(spyre) > len(cpu)
-    assert {c.target for c in spyre} - {c.target for c in cpu} == {"spyre-sendnn-cb"}
-    assert all("--require-device" in c.extra for c in spyre if c.target == "spyre-sendnn-cb")
+    assert {c.target for c in spyre} - {c.target for c in cpu} == {"spyre-sendnn-cp"}
+    assert all("--require-device" in c.extra for c in spyre if c.target == "spyre-sendnn-cp")
     assert {c.family for c in cases_for([], ["hang-engine"])} == {"hang-engine"}
     with pytest.raises(ValueError, match="unknown fault.*known: "):
         cases_for([], ["no-such-fault"])
@@ -80,6 +80,21 @@ def test_a_pass_a_wrong_category_or_no_test_is_not_a_catch(tmp_path):
     verdict, _, category, _ = judge(CASE, 1, wrong)
     assert (verdict, category) == ("wrong category", "engine crash / harness error")
     assert judge(CASE, 5, tmp_path / "absent.xml")[0] == "not run"
+    # A skipped selection (a mode the stack does not have) is not a catch and not a pass either.
+    skipped = junit(tmp_path, '<testcase classname="a" name="t"><skipped message="spyre-eager-cb'
+                    ' does not run on stack default"/></testcase>')
+    verdict, _, _, why = judge(CASE, 0, skipped)
+    assert verdict == "not run" and "skipped: spyre-eager-cb does not run on stack default" in why
+
+
+def test_every_case_runs_on_a_mode_its_stack_has():
+    """A case on a mode its stack lacks would be skipped on every host: never proven."""
+    from harness.targets import KINDS, all_variants
+
+    for c in CPU_CASES:
+        variant = all_variants()[c.target]
+        problem = KINDS[variant.target].stack_feature_problem(variant, c.stack)
+        assert problem is None, (c, problem)
 
 
 def test_the_run_fails_when_a_family_goes_uncaught_but_not_for_an_absent_stack():

@@ -77,9 +77,13 @@ INI
 cd "$RUN"
 export HIL_DEVICE_ROOT=$WORK/host-root SENDNN_EMULATION_ROOT=$WORK/host-root
 export HIL_INVENTORY=$WORK/inventory.toml HIL_LEASE_DIR=$RUN/leases HIL_CACHE_DIR=$WORK/cache
-if [ -z "${HIL_CARD_HOST_NO_DEVICES_CHECK:-}" ]; then
-  "$IMAGE/bin/hil" devices --inventory "$HIL_INVENTORY"
-fi
+# A yes/no variable, read as the harness reads them (harness/core/settings/values.py).
+case "${HIL_CARD_HOST_NO_DEVICES_CHECK:-0}" in
+  [0]|[Ff][Aa][Ll][Ss][Ee]|[Nn][Oo]|[Oo][Ff][Ff]) "$IMAGE/bin/hil" devices --inventory "$HIL_INVENTORY" ;;
+  [1]|[Tt][Rr][Uu][Ee]|[Yy][Ee][Ss]|[Oo][Nn]) ;;
+  *) echo "run.sh: HIL_CARD_HOST_NO_DEVICES_CHECK='$HIL_CARD_HOST_NO_DEVICES_CHECK': expected one of" \
+          "1, true, yes, on, 0, false, no, off" >&2; exit 2 ;;
+esac
 # The smallest selection that runs every card suite on every card mode (15 tests, 11 engine
 # configurations), on two workers: one per card.
 if [ $# -eq 0 ]; then

@@ -6,6 +6,8 @@ The values the engine gets are explained, against vllm-neuron's code, in harness
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +15,10 @@ from harness.core.config import ConfigError
 from harness.core.devices import DeviceScan, InventoryDevice
 from harness.core.paths import REPO_ROOT
 from harness.stacks.spec import load_stack, stack_status
-from harness.targets.base import DeviceKind, PoolGeometry, TargetVariant, VllmTarget
+from harness.targets.base import OFFLINE_ENV, DeviceKind, PoolGeometry, TargetVariant, VllmTarget
 from harness.targets.neuron.config import (
     CORES_ENV,
+    DEVICE_ENGINE_ENV,
     check_block_geometry,
     check_engine_info,
     compiled_artifacts_dir,
@@ -49,11 +52,60 @@ def _to_inventory(scan: DeviceScan) -> list[InventoryDevice]:
     return out
 
 
+_CORE_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+
+
+def core_count(cores: str, where: str) -> int:
+    """How many NeuronCores ``cores`` (``NEURON_RT_VISIBLE_CORES``: ``"4"``, ``"0-1"``,
+    ``"0,2-3"``) names; ConfigError for a malformed, reversed or overlapping range."""
+    seen: set[int] = set()
+    for part in cores.split(","):
+        m = _CORE_PART.fullmatch(part)
+        first = int(m.group(1)) if m else 0
+        last = int(m.group(2)) if m and m.group(2) is not None else first
+        if m is None or last < first:
+            raise ConfigError(f"{where}: cores ({CORES_ENV}) {cores!r} must be like \"0-1\", \"4\" or"
+                              " \"0,2-3\" (first-last, first <= last)")
+        span = set(range(first, last + 1))
+        if span & seen:
+            raise ConfigError(f"{where}: cores ({CORES_ENV}) {cores!r} name core {min(span & seen)} twice;"
+                              " list each core once")
+        seen |= span
+    return len(seen)
+
+
+def check_device_env(env: Mapping[str, str], where: str) -> None:
+    """A device's cores must be well formed and at least its engine's tensor parallel size
+    (vllm-neuron shards the model over that many cores; fewer fail the start late)."""
+    cores = env.get(CORES_ENV)
+    if cores is None:
+        return
+    count = core_count(str(cores), where)
+    tp = settings_from_env(env).tensor_parallel_size
+    if count < tp:
+        raise ConfigError(
+            f"{where}: cores ({CORES_ENV}) {cores!r} are {count} NeuronCore(s), fewer than"
+            f" engine.tensor_parallel_size {tp}; list at least {tp} cores or lower"
+            " tensor_parallel_size")
+
+
 NEURON_DEVICE = DeviceKind(
     name="neuron", label="Neuron", leased=True, address_under="dev",
     discover=_discover, to_inventory=_to_inventory,
     inventory_env=inventory_env, inventory_keys=("cores", "engine"),
     host_properties=host_properties,
+    # The node discovery lists (neuron0), or its /dev path.
+    address_form="a Neuron device node, like neuron0 or /dev/neuron0",
+    address_pattern=r"(?:/dev/)?(neuron\d+)",
+    owned_env=(
+        *((k, "the harness sets it for every engine (offline, the engine read in process)")
+          for k in OFFLINE_ENV),
+        ("VLLM_PLUGINS", "the harness loads vllm-neuron"),
+        ("NEURON_COMPILED_ARTIFACTS", "the harness gives each compiled shape its own folder"),
+        (DEVICE_ENGINE_ENV, "the harness sets it from the device's engine table: write"
+         " engine = { ... }"),
+    ),
+    check_env=check_device_env,
 )
 
 

@@ -18,6 +18,7 @@ from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.devices import DeviceScan, InventoryDevice, device_root
 from harness.targets.base import (
+    OFFLINE_ENV,
     DeviceKind,
     NearTieTolerance,
     PoolGeometry,
@@ -83,10 +84,31 @@ def _to_inventory(scan: DeviceScan) -> list[InventoryDevice]:
     ]
 
 
+# A card's PCI address as sysfs names it (discovery lists these): domain:bus:device.function.
+PCI_ADDRESS = r"([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])"
+PCI_FORM = "a PCI address domain:bus:device.function in hex, like 0000:1a:00.0"
+# The plugin variables the harness sets per engine from the test's target variant.
+_VARIANT_KEYS = ("DYNAMO_BACKEND", "USE_CB", "USE_CHUNKED_PREFILL", "PAUSING_ENABLED",
+                 "WARMUP_PROMPT_LENS", "WARMUP_NEW_TOKENS", "WARMUP_BATCH_SIZES",
+                 "SIMPLE_COMPILE_BACKEND")
+OWNED_ENV = (
+    *((k, "the harness sets it for every engine (offline, the engine read in process)")
+      for k in OFFLINE_ENV),
+    ("VLLM_PLUGINS", "the harness loads the plugin of the stack's generation"),
+    ("HIL_CARD_ADDRESS", "the harness sets it from the device's address, and the on-card check"
+     " compares the card the engine opened with it: give the card as address = \"...\""),
+    ("MASTER_ADDR", "the harness gives each engine its own loopback rendezvous"),
+    ("MASTER_PORT", "the harness gives each engine a free port"),
+    *((g.var(k), "the harness sets it from the test's target variant (backend, mode, warmup)")
+      for g in GENERATIONS for k in _VARIANT_KEYS),
+)
+
 SPYRE_DEVICE = DeviceKind(
     name="spyre", label="Spyre", leased=True, backends=BACKENDS,
     address_under="sys/bus/pci/devices", discover=_discover, to_inventory=_to_inventory,
     host_properties=host_properties,
+    address_form=PCI_FORM, address_pattern=PCI_ADDRESS, address_env="AIU_WORLD_RANK_0",
+    owned_env=OWNED_ENV,
 )
 
 

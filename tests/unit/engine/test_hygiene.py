@@ -417,3 +417,17 @@ def test_the_run_summary_file_has_the_root_cause_section_and_restart_count(tmp_p
     assert "Engine restarts (dirty engines replaced): 1" in text
     assert f"- `{culprit}` (failed: " in text
     assert "  - then `suites/t.py::next` ran on a fresh engine: passed" in text
+
+
+def test_the_cards_section_skips_damaged_worker_statistics(tmp_path):
+    from harness.engine.device_ledger import append_device_summary
+
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    (stats / "gw0.json").write_text("{not json")
+    (stats / "gw1.json").write_text("[1]")
+    (stats / "gw2.json").write_text('{"cards": 3}')
+    summary = tmp_path / "summary.md"
+    summary.write_text("# run\n")
+    assert append_device_summary(stats, summary) == ""
+    assert summary.read_text() == "# run\n"

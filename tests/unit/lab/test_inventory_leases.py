@@ -168,3 +168,22 @@ def test_quarantine_file(tmp_path):
     with pytest.raises(ValueError, match="known #1 \\('x'\\): missing 'reason', 'issue'"):
         load_quarantine(bad)
     assert KnownFailure("a", "b", "c").matches("a")
+
+
+@pytest.mark.parametrize("record", ["[1, 2]", '{"error": 5}', '{"error": ""}', '"x"'])
+def test_a_damaged_broken_record_still_marks_its_device_broken(tmp_path, record):
+    inv = load_inventory(write(tmp_path, "inv.toml", TWO_CARDS))
+    m = manager(tmp_path, "gw0", inv)
+    device = inv.devices[0]
+    (tmp_path / "run").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "run" / f"{device.id}.broken.json").write_text(record)
+    why = m.broken(device)
+    assert why is not None and why.startswith(f"device {device.id} marked broken")
+
+
+def test_a_holder_file_of_another_shape_is_cleaned_not_a_crash(tmp_path):
+    from harness.lab.lease_files import clean_stale_holders
+
+    for name, body in (("a", '{"pid": [1]}'), ("b", "[3]"), ("c", '{"pid": "x"}')):
+        (tmp_path / f"{name}.holder").write_text(body)
+    assert sorted(clean_stale_holders(tmp_path)) == ["a", "b", "c"]

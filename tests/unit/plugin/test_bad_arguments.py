@@ -2,6 +2,7 @@
 one message naming the file or option, the value seen and what to do, with a documented
 exit code, and loses nothing of an earlier run."""
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ class Row:
     message: list[str]
     files: dict[str, str | bytes] = field(default_factory=dict)
     model: dict = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 ROWS = [
@@ -86,16 +88,48 @@ ROWS = [
     Row("inject-fault-unknown", ["--inject-fault", "nope"], USAGE,
         ["--inject-fault: unknown fault 'nope'; known: block-too-few, block-too-many"]),
     Row("help-writes-nothing", ["--help"], 0, ["--allow-external-faults"]),
+    # Every option and variable typed once (harness/core/settings/): refused at the start,
+    # naming the option (or the variable and its option), the value and the accepted form.
+    Row("near-tie-tol-above-1", ["--near-tie-tol", "2"], USAGE,
+        ["argument --near-tie-tol: '2' is out of range; expected a probability, a number in"
+         " (0, 1]"]),
+    Row("near-tie-topk-above-max-logprobs", ["--near-tie-topk", "50"], USAGE,
+        ["argument --near-tie-topk: '50' is out of range; expected a whole number from 1 to 20"]),
+    Row("logprob-tol-negative", ["--logprob-tol", "-1"], USAGE,
+        ["argument --logprob-tol: '-1' is out of range; expected a tolerance"]),
+    Row("engine-timeout-nan", ["--engine-timeout", "nan"], USAGE,
+        ["argument --engine-timeout: 'nan' is not finite; expected seconds, a finite number"
+         " above 0"]),
+    Row("env-engine-start-timeout-not-a-number", [], USAGE,
+        ["env HIL_ENGINE_START_TIMEOUT (option --engine-start-timeout): 'abc' is not a number",
+         "fix or unset HIL_ENGINE_START_TIMEOUT"], env={"HIL_ENGINE_START_TIMEOUT": "abc"}),
+    Row("help-with-a-bad-variable", ["--help"], 0, ["--engine-start-timeout"],
+        env={"HIL_ENGINE_START_TIMEOUT": "abc"}),
+    Row("env-flag-not-yes-no", [], USAGE,
+        ["env HIL_REQUIRE_DEVICE (option --require-device): 'maybe' is not a yes/no value;"
+         " expected a yes/no value, one of 1, true, yes, on, 0, false, no, off"],
+        env={"HIL_REQUIRE_DEVICE": "maybe"}),
+    Row("reports-dir-a-file", ["--hil-reports-dir", "{afile}"], USAGE,
+        ["--hil-reports-dir: '", "afile' is a file, not a folder"], {"afile": "x"}),
+    Row("reports-dir-read-only", ["--hil-reports-dir", "/proc"], USAGE,
+        ["--hil-reports-dir: '/proc' is a folder this user cannot write in"]),
+    Row("model-named-twice", ["--model", "tiny-llama,tiny-llama"], USAGE,
+        ["--model: 'tiny-llama' is named twice; name each model once"]),
+    Row("stack-a-path", ["--stack", "{x}"], USAGE,
+        ["--stack: '", "x' is not a stack name", "not a path: ['default'"],
+        {"x.toml": 'name = "x"\n'}),
     Row("collect-only-writes-nothing", ["--collect-only", "--model", "tiny-llama",
                                         "--target", "vllm-cpu"], 0, ["collected"]),
 ]
 
 
-def child_pytest(tmp_path: Path, reports: Path, args: list[str]) -> subprocess.CompletedProcess:
+def child_pytest(tmp_path: Path, reports: Path, args: list[str],
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", SUITE,
            f"--hil-reports-dir={reports}", f"--alluredir={reports / 'allure-results'}",
            "--hil-clean-results", f"--lease-dir={tmp_path / 'leases'}", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
@@ -108,7 +142,7 @@ def test_bad_argument_or_file_is_refused_and_loses_nothing(tmp_path, row):
         model_folder(tmp_path, **row.model)
     # "{name}" stands for a path in this test's folder.
     args = [str(tmp_path / a[1:-1]) if a.startswith("{") else a for a in row.args]
-    run = child_pytest(tmp_path, reports, args)
+    run = child_pytest(tmp_path, reports, args, row.env)
     out = run.stdout + run.stderr
     assert run.returncode == row.rc, out[-3000:]
     for fragment in row.message:

@@ -1,5 +1,7 @@
 """What a run leaves in its results folder: a killed run keeps the results it wrote and the
-environment, and a run whose arguments are accepted replaces the previous results once."""
+environment, a run stopped by SIGTERM ends its session as after a Ctrl-C, and a direct pytest
+run given --hil-clean-results replaces the previous results once its arguments are accepted
+(`hil run` writes into a fresh folder instead: tests/unit/report/test_results_kept.py)."""
 
 import os
 import signal
@@ -53,8 +55,8 @@ def test_a_killed_run_leaves_its_results_with_the_environment(tmp_path):
 
 
 def test_accepted_arguments_clean_the_previous_results_once(tmp_path):
-    """The other side of the rows above: a run whose arguments pytest accepts replaces the
-    previous results (hil run passes --hil-clean-results to its first pytest run)."""
+    """The other side of the rows above: a direct pytest run whose arguments are accepted
+    replaces the previous results when given --hil-clean-results."""
     suite = write(tmp_path, "test_quick.py", "def test_quick():\n    pass\n")
     reports = tmp_path / "reports"
     earlier = earlier_run(reports)
@@ -70,3 +72,26 @@ def test_accepted_arguments_clean_the_previous_results_once(tmp_path):
     assert len(list(results.glob("*-result.json"))) == 1
     assert (results / "environment.properties").read_bytes() != earlier[results / "environment.properties"]
     assert (reports / "summary.md").read_bytes() == b"# earlier summary\n"  # hil run rewrites it
+
+
+def test_sigterm_ends_a_direct_run_as_a_ctrl_c_does(tmp_path):
+    """The session finishes: junit and the results of the tests that ran are written, pytest
+    exits 2 (interrupted), no INTERNALERROR."""
+    suite = write(tmp_path, "test_killed.py", KILLED_SUITE)
+    results = tmp_path / "allure-results"
+    junit = tmp_path / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+           *CHECKOUT_PLUGINS, f"--alluredir={results}", f"--junitxml={junit}",
+           f"--hil-reports-dir={tmp_path / 'reports'}", str(suite)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list(results.glob("*-result.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run never got going"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out
+    assert "KeyboardInterrupt" in out and "INTERNALERROR" not in out
+    assert "1 passed" in out and junit.is_file()

@@ -25,7 +25,7 @@ PROPS = {"host": "lab-a", "vllm-hil commit": "abc123", "vLLM": "0.17.1", "vllm-s
 
 
 def make_source(root: Path, shard: str | None, tests: list[str], host: str = "lab-a",
-                status: str = "passed", **props: str) -> Path:
+                status: str = "passed", start: int = 0, **props: str) -> Path:
     """A shard's reports folder: allure-results with one result per test, and its config."""
     results = root / "allure-results"
     results.mkdir(parents=True)
@@ -39,7 +39,7 @@ def make_source(root: Path, shard: str | None, tests: list[str], host: str = "la
         uid = str(uuid.uuid4())
         (results / f"{uid}-result.json").write_text(json.dumps({
             "uuid": uid, "name": nodeid, "historyId": f"h-{nodeid}", "status": status,
-            "start": 1000 * i, "stop": 1000 * i + 2500,
+            "start": start + 1000 * i, "stop": start + 1000 * i + 2500,
             "labels": [{"name": "nodeid", "value": nodeid}, {"name": "host", "value": host}],
             "parameters": [{"name": "device", "value": f"card{i % 2}"}],
         }))
@@ -74,8 +74,10 @@ def test_a_missing_shard_is_named(tmp_path):
 
 
 def test_a_shard_merged_twice_is_named(tmp_path):
+    """Shard 1/2 run twice (another night): named; a copy of one folder is refused
+    (tests/unit/report/test_results_kept.py)."""
     a = make_source(tmp_path / "a", "1/2", ["t1"])
-    again = make_source(tmp_path / "again", "1/2", ["t1"])
+    again = make_source(tmp_path / "again", "1/2", ["t1"], start=86_400_000)
     b = make_source(tmp_path / "b", "2/2", ["t2"])
     merged = merge_results([str(a), str(again), str(b)], tmp_path / "out")
     assert not merged.complete

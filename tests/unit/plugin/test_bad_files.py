@@ -1,0 +1,64 @@
+"""Files whose shape is right but whose meaning is not, as a pytest run meets them: an
+inventory that gives one card twice, an address of the wrong form or a variable the harness
+sets itself is refused (exit 4); an entry of the quarantine that matches no collected test is
+refused under --strict-quarantine; a corrupt engine-order record or default durations file
+is named and ignored (exit 0). Each loses nothing of an earlier run."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bad_input import INV, assert_nothing_lost, earlier_run, write
+from tests.unit.plugin.test_bad_arguments import SUITE, USAGE, Row, child_pytest
+
+CARD = INV + 'address = "0000:1a:00.0"\n'
+COLLECT = ["--collect-only", "--target", "vllm-cpu", "--model", "tiny-llama"]
+
+ROWS = [
+    Row("inventory-one-address-twice", ["--inventory", "{inv.toml}"], USAGE,
+        ["inv.toml: device #2 ('card1'): address '0000:1a:00.0' is also the address of device"
+         " #1 ('card0', '0000:1a:00.0'): two workers could lease one Spyre device at once"],
+        {"inv.toml": CARD + CARD.replace("card0", "card1")}),
+    Row("inventory-address-not-pci", ["--inventory", "{inv.toml}"], USAGE,
+        ["inv.toml: device #1 ('card0'): address '/etc' is not a PCI address"
+         " domain:bus:device.function in hex, like 0000:1a:00.0"],
+        {"inv.toml": INV + 'address = "/etc"\n'}),
+    Row("inventory-env-harness-key", ["--inventory", "{inv.toml}"], USAGE,
+        ["inv.toml: device #1 ('card0'): env HIL_DEVICE_ID='card1': the lease sets it to the"
+         " leased device's id; remove HIL_DEVICE_ID from the device's env"],
+        {"inv.toml": INV + 'env = { HIL_DEVICE_ID = "card1" }\n'}),
+    Row("quarantine-entry-matches-nothing-strict",
+        ["--quarantine", "{q.toml}", "--strict-quarantine", *COLLECT], USAGE,
+        ["--strict-quarantine: ", "q.toml: known #1 ('suites/test_token_equality.py::"
+         "test_renamed[*]') matches no collected test: suites/test_token_equality.py has no test"
+         " 'test_renamed'; fix its node id (was the test renamed?) or remove the entry"],
+        {"q.toml": f'[[known]]\ntest = "{SUITE}::test_renamed[*]"\nreason = "r"\nissue = "I-1"\n'}),
+    Row("engine-order-record-corrupt", ["--hil-cache-dir", "{cache}", *COLLECT], 0,
+        ["HilFileWarning: engine order: ", "engine-order.json: test 't' has configuration [1],"
+         " expected a string; ignored, and rewritten by this run's tests"],
+        {"cache/engine-order.json": '{"t": [1]}'}),
+    Row("default-durations-corrupt", ["--shard", "1/2", *COLLECT], 0,
+        ["HilFileWarning: shard durations: ", "durations.json: not valid JSON",
+         "ignored: the shards are planned by test count"],
+        {"reports/durations.json": "{oops"}),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_a_file_that_means_nothing_is_refused_or_ignored_by_name(tmp_path, row):
+    reports = tmp_path / "reports"
+    earlier = earlier_run(reports)
+    for name, body in row.files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        write(tmp_path, name, body)
+    args = [str(tmp_path / a[1:-1]) if a.startswith("{") else a for a in row.args]
+    run = child_pytest(tmp_path, reports, args, row.env)
+    out = run.stdout + run.stderr
+    assert run.returncode == row.rc, out[-3000:]
+    for fragment in row.message:
+        assert fragment in out, out[-3000:]
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out[-3000:]
+    if row.rc == USAGE:
+        assert len([ln for ln in out.splitlines() if ln.startswith("ERROR:")]) == 1, out
+    assert_nothing_lost(earlier)
+    assert not (reports / "timing.json").exists() and not (tmp_path / "leases").exists()
