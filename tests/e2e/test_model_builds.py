@@ -1,5 +1,7 @@
-"""The offline tiny-model builder (fixtures.models) is reproducible: a fresh build of each
-model is byte for byte the cached one."""
+"""The offline tiny-model builder (fixtures.models) is reproducible: a fresh build of a model is
+byte for byte the cached one. One model is rebuilt (tiny-granite: its architecture has the most
+parts beyond Llama's, its multipliers); the builder's training loop is one for all models, and
+each further rebuild costs about 45 s of CI."""
 
 from __future__ import annotations
 
@@ -29,12 +31,17 @@ def built() -> dict[str, Path]:
     return {name: build_model(name, cache_dir) for name in MODEL_SPECS}
 
 
-@pytest.mark.e2e  # builds both models once more (about 35 s of CPU each)
+REBUILT = "tiny-granite"
+
+
+@pytest.mark.e2e  # builds one model once more (about 45 s of CPU)
 def test_two_builds_are_byte_identical(built: dict[str, Path], tmp_path: Path) -> None:
     # A fresh build in this process against the cached one (maybe built by another process,
     # with other thread settings): training must not depend on either.
     torch.set_num_threads(2)
     for name, first in built.items():
+        if name != REBUILT:
+            continue
         second = build_model(name, tmp_path)
         assert second != first
         assert second.name == first.name
