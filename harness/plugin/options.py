@@ -36,6 +36,7 @@ from fixtures.models import MODEL_SPECS
 from harness.checks.logprobs import TOL_CARD, TOL_FP32
 from harness.core.comparison import NEAR_TIE_PROB_TOL, NEAR_TIE_TOP_K
 from harness.core.settings import (
+    BY_OPTION,
     BY_VARIABLE,
     SettingError,
     ValueType,
@@ -66,7 +67,7 @@ ALLURE = "allure_report"
 @dataclass(frozen=True)
 class Option:
     """One pytest option. ``default`` may be a function (called when the option is registered);
-    ``env`` is the declared variable (harness/core/settings/variables.py) that, when set and
+    ``env`` is its declared variable (harness/core/settings/variables.py), which, when set and
     not empty, replaces the default (see ``env_default``); ``kind`` is the value type (a name
     of harness.core.settings.TYPES) of an option without a variable."""
 
@@ -74,13 +75,19 @@ class Option:
     help: str
     default: Any = None
     kind: str | ValueType | None = None
-    env: str | None = None
     action: str | None = None  # "store_true", "append"
     metavar: str | None = None
     plugin: str = HOOKS
     # Given on the command line, asks for the harness in a session (activation.py); false for
     # the generic names another project's suite may use for options of its own.
     opts_in: bool = True
+
+    @property
+    def env(self) -> str | None:
+        """The option's variable, as the registry pairs them (harness/core/settings/variables.py
+        declares each variable with its option and type, once)."""
+        var = BY_OPTION.get(self.name)
+        return var.name if var else None
 
     def declared_default(self) -> Any:
         return self.default() if callable(self.default) else self.default
@@ -152,16 +159,15 @@ def argparse_type(opt: Option, on_disk: bool = False,
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--model", opts_in=False, env="HIL_MODEL", default=DEFAULT_MODELS,
+    Option("--model", opts_in=False, default=DEFAULT_MODELS,
            help="comma-separated models: tiny-llama, tiny-granite (built offline) or local"
            f" model folders; env HIL_MODEL; default {DEFAULT_MODELS}"),
-    Option("--target", opts_in=False, env="HIL_TARGET", default="",
+    Option("--target", opts_in=False, default="",
            help=f"comma-separated target variants or kinds ({', '.join(VARIANTS)}; or"
            f" {', '.join([*engine_kinds(), *all_modes()])}); default all; env HIL_TARGET"),
-    Option("--require-device", action="store_true", env="HIL_REQUIRE_DEVICE", default=False,
+    Option("--require-device", action="store_true", default=False,
            help="fail, instead of skip, a test whose device is missing (nightlies)"),
-    Option("--allow-emulated-card", action="store_true", env="HIL_ALLOW_EMULATED_CARD",
-           default=False,
+    Option("--allow-emulated-card", action="store_true", default=False,
            help="let device engines run on an emulated vendor runtime (the emulated card host);"
            " each such result is marked 'emulated' in the report. Without it an engine on the"
            " emulated runtime fails its test"),
@@ -173,7 +179,7 @@ OPTIONS: tuple[Option, ...] = (
            f" distributions (default {NEAR_TIE_PROB_TOL:g})"),
     Option("--no-engine-reuse", action="store_true", default=False,
            help="start a fresh engine for every test (baseline for benchmarks)"),
-    Option("--no-engine-replace", action="store_true", env="HIL_NO_ENGINE_REPLACE", default=False,
+    Option("--no-engine-replace", action="store_true", default=False,
            help="keep an engine an earlier test left dirty (e.g. a card that cannot be"
            " restarted within the run): later tests report it as inherited_state instead"
            " of running on a fresh engine (env HIL_NO_ENGINE_REPLACE)"),
@@ -181,9 +187,9 @@ OPTIONS: tuple[Option, ...] = (
            help="skip the per-step KV snapshots (benchmarks; KV invariant checks then fail)"),
     Option("--no-reference-cache", action="store_true", default=False,
            help="recompute every reference output (baseline for benchmarks)"),
-    Option("--hil-cache-dir", env="HIL_CACHE_DIR", default=str(HERE / ".hil-cache"),
+    Option("--hil-cache-dir", default=str(HERE / ".hil-cache"),
            help="models, reference outputs and engine caches (env HIL_CACHE_DIR)"),
-    Option("--hil-reports-dir", env="HIL_REPORTS_DIR", default=str(HERE / "reports"),
+    Option("--hil-reports-dir", default=str(HERE / "reports"),
            help="engine logs and run statistics (env HIL_REPORTS_DIR)"),
     Option("--max-live-engines", kind="count", default=MAX_LIVE_ENGINES,
            help=f"engines kept alive at once per worker (default {MAX_LIVE_ENGINES})"),
@@ -196,10 +202,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--hil-clean-results", action="store_true", default=False,
            help="empty --alluredir once the arguments are accepted, so a refused run keeps"
            " the previous results (hil run needs none: it writes each run into a fresh folder)"),
-    Option("--inventory", opts_in=False, env="HIL_INVENTORY", default="",
+    Option("--inventory", opts_in=False, default="",
            help="inventory file (TOML or YAML) listing this host's devices; overrides"
            " discovery (env HIL_INVENTORY)"),
-    Option("--lease-dir", env="HIL_LEASE_DIR", default=lambda: str(default_lease_dir()),
+    Option("--lease-dir", default=lambda: str(default_lease_dir()),
            help="folder of device lease locks, owned by you, mode 0700 (env HIL_LEASE_DIR;"
            " default: a per-user folder)"),
     Option("--lease-wait", kind="seconds", default=LEASE_WAIT,
@@ -207,28 +213,28 @@ OPTIONS: tuple[Option, ...] = (
            f" (default {LEASE_WAIT:g})"),
     Option("--lease-share", action="store_true", default=False,
            help="when all devices are leased, share one instead of waiting"),
-    Option("--shard", opts_in=False, env="HIL_SHARD", default="", metavar="I/N",
+    Option("--shard", opts_in=False, default="", metavar="I/N",
            help="run only shard I of N (1-based); N hosts with I=1..N run every test once"),
-    Option("--shard-durations", env="HIL_SHARD_DURATIONS", default="", metavar="FILE",
+    Option("--shard-durations", default="", metavar="FILE",
            help="balance --shard by these test durations (durations.json"
            " from `hil report`, or a junit xml); default REPORTS_DIR/durations.json when"
            " present, else by test count (env HIL_SHARD_DURATIONS)"),
-    Option("--quarantine", opts_in=False, env="HIL_QUARANTINE", default=str(DEFAULT_QUARANTINE),
+    Option("--quarantine", opts_in=False, default=str(DEFAULT_QUARANTINE),
            help="known failures: run and reported as known, not failing the run"),
-    Option("--strict-quarantine", action="store_true", env="HIL_STRICT_QUARANTINE", default=False,
+    Option("--strict-quarantine", action="store_true", default=False,
            help="refuse the run when a quarantine entry matches no collected test (without it,"
            " such an entry is a warning; env HIL_STRICT_QUARANTINE)"),
-    Option("--stack", opts_in=False, env="HIL_STACK", default=default_stack,
+    Option("--stack", opts_in=False, default=default_stack,
            help="the pinned stack (stacks/NAME.toml) whose venv runs the engines; install it"
            " with ./setup.sh --stack NAME; or host: the Python given by --python, as it is"
            " (env HIL_STACK; default: default in a checkout, else host)"),
-    Option("--python", opts_in=False, env="HIL_HOST_PYTHON", default="", metavar="PATH",
+    Option("--python", opts_in=False, default="", metavar="PATH",
            help="with --stack host: the Python engines run in (default: this one; env"
            " HIL_HOST_PYTHON)"),
-    Option("--device-root", env="HIL_DEVICE_ROOT", default="", metavar="DIR",
+    Option("--device-root", default="", metavar="DIR",
            help="read sysfs and /dev below DIR instead of / (a fake card host; env"
            " HIL_DEVICE_ROOT)"),
-    Option("--engine-start-timeout", env="HIL_ENGINE_START_TIMEOUT", default=None,
+    Option("--engine-start-timeout", default=None,
            help="seconds an engine may take to start (default per backend: "
            + "".join(f"{what} {t:g}, " for what, t in start_timeouts().items())
            + f"others {START_TIMEOUT:g}; env HIL_ENGINE_START_TIMEOUT)"),
@@ -249,8 +255,7 @@ OPTIONS: tuple[Option, ...] = (
            " token equality adds to its engine call"),
     Option("--engine-timeout", kind="seconds", default=CALL_TIMEOUT,
            help="seconds one engine call may take before the engine is killed"),
-    Option("--allure-attach-passed", action="store_true", env="HIL_ALLURE_ATTACH_PASSED",
-           default=False, plugin=ALLURE,
+    Option("--allure-attach-passed", action="store_true", default=False, plugin=ALLURE,
            help="attach the evidence (token diff, KV ledger, scenario, engine log) to passing"
            " tests too, not only to failures (env HIL_ALLURE_ATTACH_PASSED)"),
 )

@@ -129,11 +129,6 @@ def parts_dir(reports: Path) -> Path:
     return Path(reports) / PARTS_DIR
 
 
-def clear_parts(reports: Path) -> None:
-    """Remove the previous run's parts (once per `hil run`, when its first run started)."""
-    shutil.rmtree(parts_dir(reports), ignore_errors=True)
-
-
 def tests_of_stack(tests: Iterable[dict[str, Any]], stack: str) -> list[dict[str, Any]]:
     """The results of one stack (the ``stack`` parameter; none means the default stack)."""
     return [t for t in tests if (params_of(t).get("stack") or DEFAULT_STACK) == stack]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bad_input import INV, assert_nothing_lost, earlier_run, write
-from tests.unit.plugin.test_bad_arguments import SUITE, USAGE, Row, child_pytest
+from tests.bad_input import INV
+from tests.unit.plugin.test_bad_arguments import SUITE, USAGE, Row, run_row
 
 CARD = INV + 'address = "0000:1a:00.0"\n'
 COLLECT = ["--collect-only", "--target", "vllm-cpu", "--model", "tiny-llama"]
@@ -46,19 +46,4 @@ ROWS = [
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_a_file_that_means_nothing_is_refused_or_ignored_by_name(tmp_path, row):
-    reports = tmp_path / "reports"
-    earlier = earlier_run(reports)
-    for name, body in row.files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        write(tmp_path, name, body)
-    args = [str(tmp_path / a[1:-1]) if a.startswith("{") else a for a in row.args]
-    run = child_pytest(tmp_path, reports, args, row.env)
-    out = run.stdout + run.stderr
-    assert run.returncode == row.rc, out[-3000:]
-    for fragment in row.message:
-        assert fragment in out, out[-3000:]
-    assert "Traceback" not in out and "INTERNALERROR" not in out, out[-3000:]
-    if row.rc == USAGE:
-        assert len([ln for ln in out.splitlines() if ln.startswith("ERROR:")]) == 1, out
-    assert_nothing_lost(earlier)
-    assert not (reports / "timing.json").exists() and not (tmp_path / "leases").exists()
+    run_row(tmp_path, row)
