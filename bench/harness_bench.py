@@ -1,6 +1,6 @@
 """What a verdict costs: a benchmark of the harness itself.
 
-    .venv/bin/hil bench [--quick] [--parts runs,starts,mission,probes,probe_by_pool,overlap,growth]
+    .venv/bin/hil bench [--quick] [--parts runs,starts,mission,probes,probe_by_pool,overlap,growth,triage]
 
 Prints tables and writes reports/bench/latest.json (and a timestamped copy); exits 1
 when any timed run failed (its figures are then not valid). ``--parts`` runs some parts
@@ -23,7 +23,11 @@ and keeps the others' figures from the previous latest.json. Parts, on the tiny 
   serves calls would shorten a run here: the same calls and start one after the other,
   then at once (a start in a thread);
 - growth: token equality over 10, 100 and 1000 prompts on one target (batched into
-  one engine call each), with time per prompt and peak memory.
+  one engine call each), with time per prompt and peak memory;
+- triage: what triage costs per failure (bench/triage_cost.py): one token-equality test failed
+  by an injected fault, run with ``--no-triage`` and with triage; the triage seconds the
+  session recorded (its statistics' ``triage``) and the wall-time difference, per triaged
+  failure.
 
 Absolute seconds depend on the machine and its load; the ratios are the figures
 to compare across machines.
@@ -380,7 +384,7 @@ def fmt_table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
-PARTS = ("runs", "starts", "mission", "probes", "probe_by_pool", "overlap", "growth")
+PARTS = ("runs", "starts", "mission", "probes", "probe_by_pool", "overlap", "growth", "triage")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -476,6 +480,14 @@ def main(argv: list[str] | None = None) -> int:
         print("growth:", flush=True)
         result["growth"] = part("growth", lambda: growth(cache, work / "r-growth",
                                                          [10, 100] if args.quick else [10, 100, 1000]))
+    if "triage" in parts:
+        print("triage cost (one faulted token-equality test, without and with triage):",
+              flush=True)
+        from bench.triage_cost import triage_cost
+
+        result["triage"] = part("triage", lambda: triage_cost(pytest_run, cache, work))
+        if result["triage"] and result["triage"].get("problem"):
+            failures.append(f"triage: {result['triage']['problem']}")
     result["ratios"] = ratios(result)
     result["failures"] = failures
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -516,6 +528,10 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
             pool[-1]["probe_and_check_ms_per_step"] / pool[0]["probe_and_check_ms_per_step"], 2)
     if result.get("overlap"):
         out["start_overlapped_over_serial"] = result["overlap"]["overlapped_over_serial"]
+    if result.get("triage"):
+        from bench.triage_cost import triage_ratios
+
+        out.update(triage_ratios(result["triage"]))
     return out
 
 
@@ -567,6 +583,12 @@ def print_tables(result: dict[str, Any]) -> None:
                          str(g["device_ms_per_prompt"]), str(g["compare_ms_per_prompt"]),
                          str(g["harness_peak_mib"]), str(g["engine_peak_rss_mib"])])
         print("\n" + fmt_table(grow))
+    if result.get("triage"):
+        from bench.triage_cost import triage_rows
+
+        trow = triage_rows(result["triage"])
+        if trow:
+            print("\n" + fmt_table(trow))
     print(f"\nratios: {json.dumps(result.get('ratios'))}")
 
 

@@ -19,6 +19,10 @@
                                --output only a new folder or a report it wrote
     hil report SOURCE...       merge shard results (folders or .tar.gz/.zip) into one report
     hil selftest               inject each harness fault into this host's stack: caught?
+    hil triage NODEID [--budget S] [PYTEST ARGS...]
+                               re-run one test of the last run with triage on (its stack and
+                               options as recorded), into reports/triage/<time>-<test>/, and
+                               print what its failure depends on
     hil calibrate [--model M] [--precision fp16,bf16]
                                measure half-precision noise against fp32 (teacher-forced) per
                                model and precision; thresholds cached, reports/calibration.md
@@ -58,6 +62,7 @@ from harness.report.staged_run import StagedRun, finish
 from harness.selftest import add_selftest_parser
 from harness.stacks.spec import StackError, list_stacks, load_stack
 from harness.targets import KINDS, all_variants, device_kinds, nightly_markers
+from harness.triage_command import add_triage_parser
 
 ROOT = REPO_ROOT
 
@@ -373,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     rp.set_defaults(func=cmd_report)
 
     add_selftest_parser(sub, ROOT)
+    add_triage_parser(sub, ROOT)
     b = sub.add_parser("bench", help="benchmark the harness itself (bench/harness_bench.py)")
     b.add_argument("--quick", action="store_true")
     b.add_argument("--parts", default="", help="comma-separated parts of the bench (default all)")
@@ -385,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     add_cli_option(c, "--hil-cache-dir", "--cache-dir", default=str(ROOT / ".hil-cache"))
     _shared(c, "--reports-dir")
     args, extra = p.parse_known_args(argv)
-    if args.cmd not in ("run", "nightly", "suites") and extra:
+    if args.cmd not in ("run", "nightly", "suites", "triage") and extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     problem = cli_env_problem(args)
     if problem:

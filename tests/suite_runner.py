@@ -73,6 +73,8 @@ def run_suite(tmp_path: Path, *args: str, timeout: float = 1200,
            "-o", "junit_family=xunit1",  # keeps per-test properties (the leased device)
            f"--junitxml={junit}", f"--hil-reports-dir={tmp_path / 'reports'}",
            f"--lease-dir={tmp_path / 'leases'}", *args]
+    if not any(a.startswith("--triage") for a in args):
+        cmd.append("--no-triage")  # a run that proves a check fails; a triage test opts in
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=None if env is None else {**os.environ, **env})
     outcomes: dict[str, str] = {}

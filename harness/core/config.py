@@ -49,6 +49,9 @@ class EngineConfig:
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     device: str | None = None  # the leased device (inventory id) the engine runs on
     stack: str = "default"  # the pinned stack (stacks/NAME.toml) whose venv runs the engine
+    # Prefix caching on or off against what the target and mode choose (None: theirs); triage
+    # turns it over to see whether a failure depends on it.
+    prefix_caching: bool | None = None
 
     def __post_init__(self) -> None:
         validate_engine_config(self)
@@ -67,6 +70,8 @@ class EngineConfig:
         d = asdict(self)
         d["faults"] = list(self.faults)
         d["extra_env"] = [list(kv) for kv in self.extra_env]
+        if d["prefix_caching"] is None:  # the target's choice: keys stay as they were
+            del d["prefix_caching"]
         return d
 
     @property

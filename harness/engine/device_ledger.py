@@ -19,14 +19,20 @@ from typing import Any
 @dataclass
 class DeviceLedger:
     """Engine starts and stops per device, with times: the run's record that a device held at
-    most one live engine at any moment and started each configuration once."""
+    most one live engine at any moment and started each configuration once for its tests (a
+    dirty engine's replacement and a triage's fresh engines are recorded as such)."""
 
     events: list[dict[str, Any]] = field(default_factory=list)
     _live: dict[str, str] = field(default_factory=dict)  # engine key -> device
 
-    def started(self, cfg: Any, ok: bool = True) -> None:
-        self.events.append({"event": "start" if ok else "refused", "device": cfg.device,
-                            "config": cfg.label, "key": cfg.key, "time": time.time()})
+    def started(self, cfg: Any, ok: bool = True, purpose: str | None = None) -> None:
+        """A start of ``cfg`` on its device; ``purpose`` names a start that is not a test's
+        (``triage``: a fresh engine of a failed test's configuration, harness.triage)."""
+        event = {"event": "start" if ok else "refused", "device": cfg.device,
+                 "config": cfg.label, "key": cfg.key, "time": time.time()}
+        if purpose:
+            event["purpose"] = purpose
+        self.events.append(event)
         if ok:
             self._live[cfg.key] = cfg.device
 
@@ -58,7 +64,7 @@ def ledger_problems(events: list[dict[str, Any]]) -> list[str]:
     starts: dict[tuple[str, str], int] = {}
     for e in sorted(events, key=lambda e: e["time"]):
         dev = e["device"]
-        if e["event"] in ("start", "refused") and not e.get("replacement"):
+        if e["event"] in ("start", "refused") and not (e.get("replacement") or e.get("purpose")):
             starts[(dev, e["key"])] = starts.get((dev, e["key"]), 0) + 1
         if e["event"] == "start":
             held = live.setdefault(dev, set())
@@ -82,6 +88,7 @@ def ledger_summary_lines(events: list[dict[str, Any]]) -> list[str]:
             f" {time.strftime('%H:%M:%S', time.localtime(e['time']))}"
             + (" (refused)" if e["event"] == "refused" else "")
             + (" (replacing a dirty engine)" if e.get("replacement") else "")
+            + (f" ({e['purpose']})" if e.get("purpose") else "")
             for e in sorted(starts, key=lambda e: e["time"]))
         lines.append(f"card {dev}: {len(starts)} configuration(s): {runs}")
     problems = ledger_problems(events)

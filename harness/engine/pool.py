@@ -68,6 +68,23 @@ def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[s
     return str(python), env, dict(stack.engine)
 
 
+def engine_kwargs(cfg: EngineConfig, target: VllmTarget,
+                  stack_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of ``cfg``: its target's, its stack's, then what the
+    configuration turns over itself (``prefix_caching``)."""
+    kwargs = {**target.llm_kwargs(), **stack_kwargs}
+    if cfg.prefix_caching is not None:
+        kwargs["enable_prefix_caching"] = cfg.prefix_caching
+    return kwargs
+
+
+def prefix_caching_on(cfg: EngineConfig) -> bool:
+    """Whether the engine of ``cfg`` caches prefixes (what its target, mode and stack choose,
+    unless the configuration says)."""
+    _, _, stack_kwargs = stack_runtime(cfg)
+    return bool(engine_kwargs(cfg, target_for(cfg), stack_kwargs).get("enable_prefix_caching"))
+
+
 def start_timeout(target: VllmTarget, option: float | None) -> float:
     """The engine-start limit: ``--engine-start-timeout`` when given, else the kind's for this
     configuration (a card compiles at start), else ``START_TIMEOUT``."""
@@ -86,6 +103,8 @@ class EnginePool:
         self.started: list[EngineStart] = []
         self.device_ledger = DeviceLedger()  # starts and stops per whole device (one engine per card)
         self._fault_state: str | None = None  # what faults keep across this process's engines
+        # Why engines start now, when not for a test (``triage``): recorded with each card start.
+        self.purpose: str | None = None
 
     def get(self, cfg: EngineConfig) -> EngineHost:
         key = cfg.key
@@ -116,7 +135,7 @@ class EnginePool:
             env.update(stack_env)
             env.update(dict(cfg.extra_env))
             env[FAULT_STATE_ENV] = self.fault_state_dir()
-            llm_kwargs = {**target.llm_kwargs(), **stack_kwargs}
+            llm_kwargs = engine_kwargs(cfg, target, stack_kwargs)
             host = EngineHost(
                 cfg,
                 env,
@@ -128,11 +147,11 @@ class EnginePool:
             )
         except EngineError as e:
             if holds_device:
-                self.device_ledger.started(cfg, ok=False)
+                self.device_ledger.started(cfg, ok=False, purpose=self.purpose)
             self._failed[key] = e
             raise
         if holds_device:
-            self.device_ledger.started(cfg)
+            self.device_ledger.started(cfg, purpose=self.purpose)
         problem = target.verify_device(host.info, log_since(host.log_path, host.log_offset))
         if problem:
             tail = host.log_tail()

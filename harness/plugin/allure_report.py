@@ -38,6 +38,7 @@ from harness.plugin.invocation import is_worker, writes_nothing
 from harness.plugin.options import ALLURE, add_options, option_value
 from harness.plugin.ordering import shard_with_plan
 from harness.report import attachments as att
+from harness.report import triage_report
 from harness.report.deviation_plot import deviation_svg, series_of_forced, series_of_free_run
 from harness.report.evidence import CallEvidence, StepInfo, run_steps_of
 from harness.report.labels import (
@@ -50,6 +51,11 @@ from harness.report.labels import (
 )
 from harness.report.root_cause import labels_for
 from harness.report.run_config import RunOptions, write_run_config
+from harness.report.triage_report import (
+    ATTACHMENT,
+    JSON_ATTACHMENT,
+    description_with_triage,
+)
 from harness.targets import logprob_policy
 
 log = logging.getLogger("harness.report")
@@ -234,6 +240,26 @@ def _label_root_cause(item: pytest.Item) -> None:
                      AttachmentType.TEXT)
 
 
+def _label_triage(item: pytest.Item, evidence: CallEvidence | None) -> None:
+    """A failure that was triaged (harness.triage) carries the verdict's key as the ``triage``
+    label and a ``triage: KEY`` tag (a filter in the Allure UI), the verdict in the test's
+    description, and the runs as a table attachment."""
+    results = list(evidence.triage) if evidence is not None else []
+    if not results:
+        return
+    for result in results:
+        for name, value in triage_report.labels_for(result):
+            allure.dynamic.label(name, value)
+    function = getattr(item, "function", None)
+    allure.dynamic.description(description_with_triage(getattr(function, "__doc__", None),
+                                                       results))
+    for i, result in enumerate(results):
+        suffix = f" {i + 1}" if i else ""
+        _attach_text(result.table(), ATTACHMENT + suffix, AttachmentType.TEXT)
+        _attach_text(json.dumps(result.to_dict(), indent=1), JSON_ATTACHMENT + suffix,
+                     AttachmentType.JSON)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
     hil = getattr(item, "funcargs", {}).get("hil") if _active(item.config) else None
@@ -269,6 +295,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
                 allure.dynamic.label("check", failed.verdict.check)
             _label_root_cause(item)
             evidence = item.stash.get(EVIDENCE_KEY, None)
+            _label_triage(item, evidence)
             allure.dynamic.parameter("device", _device_of(item, evidence), excluded=True)
             if evidence is None or evidence.empty:
                 tail = getattr(call.excinfo.value, "log_tail", "") if call.excinfo else ""

@@ -55,6 +55,9 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         logprob_tol=opt("--logprob-tol"),
         logprob_tol_card=opt("--logprob-tol-card"),
         teacher_forcing=not opt("--no-teacher-forcing"),
+        triage=not opt("--no-triage"),
+        triage_max=opt("--triage-max"),
+        triage_budget=opt("--triage-budget"),
     )
     inv_path = opt("--inventory")
     root = device_root()

@@ -50,6 +50,7 @@ from harness.lab.lease_files import default_lease_dir
 from harness.stacks.host import default_stack
 from harness.targets import all_modes, engine_kinds, near_tie_tolerances, start_timeouts
 from harness.targets.variants import VARIANTS
+from harness.triage.budget import TRIAGE_BUDGET, TRIAGE_MAX
 
 GROUP = "vllm-hil"  # the --help section of every option here
 
@@ -253,6 +254,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-teacher-forcing", action="store_true", default=False,
            help="skip the teacher-forced run (each request fed the reference's tokens) that"
            " token equality adds to its engine call"),
+    Option("--no-triage", action="store_true", default=False,
+           help="do not re-run failed token-equality and KV verdicts under varied conditions"
+           " (harness/triage/; docs/triage.md)"),
+    Option("--triage-max", default=TRIAGE_MAX,
+           help="triage at most this many failed tests per pytest process (each xdist worker"
+           f" its own; default {TRIAGE_MAX}; 0: none)"),
+    Option("--triage-budget", default=TRIAGE_BUDGET,
+           help="seconds of triage per pytest process: no triage run starts after them"
+           f" (default {TRIAGE_BUDGET:g})"),
     Option("--engine-timeout", kind="seconds", default=CALL_TIMEOUT,
            help="seconds one engine call may take before the engine is killed"),
     Option("--allure-attach-passed", action="store_true", default=False, plugin=ALLURE,

@@ -1,8 +1,9 @@
 """The run's terminal summary (section ``vllm-hil``): quarantined tests that pass now, the
 warnings about the harness's own files and the quarantine (ordering.py), and what the workers'
 statistics files say: engines started, cards, engine hygiene, reference cache, near-ties,
-near-tie exposure and teacher-forced agreement. A statistics file that cannot be read is named
-and left out."""
+near-tie exposure, teacher-forced agreement, and each triaged failure's verdict with what its
+triage cost. A statistics file that cannot be read is named and left out; one of an older run,
+written before a key existed, counts as having none of it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from harness.plugin.invocation import is_worker, writes_nothing
 from harness.plugin.options import option_value
 from harness.plugin.ordering import file_warnings, quarantine_notes
 from harness.report.root_cause import hygiene_lines
+from harness.report.triage_report import rows_from_stats, terminal_lines
 
 
 def warn_quarantined_passes(tr: pytest.TerminalReporter) -> None:
@@ -64,6 +66,7 @@ class RunStats:
     bad: list[str] = field(default_factory=list)
     cards: list[dict] = field(default_factory=list)
     hygiene: list[dict] = field(default_factory=list)
+    triage: list[dict] = field(default_factory=list)  # harness.core.triage.TriageResult dicts
 
     def add(self, s: dict) -> None:
         self.engines += s["engines"]
@@ -76,6 +79,10 @@ class RunStats:
         self.bad += s.get("reference_bad", [])
         self.cards += s.get("cards", [])
         self.hygiene.append(s.get("hygiene", {}))
+        triage = s.get("triage") or []
+        if not isinstance(triage, list):
+            raise TypeError(f"triage is a JSON {type(triage).__name__}, not a list")
+        self.triage += triage
 
 
 def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
@@ -123,4 +130,9 @@ def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
     for line in exposure_lines(s.exposure):
         tr.write_line(line, yellow=line.startswith("WARNING"))
     for line in agreement_lines(s.agreement, s.exposure):
+        tr.write_line(line)
+    rows, bad = rows_from_stats(s.triage)
+    for line in bad:
+        tr.write_line(f"WARNING: {line}", yellow=True)
+    for line in terminal_lines(rows):
         tr.write_line(line)

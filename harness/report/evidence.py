@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.trace import KvSnapshot, Trace
+from harness.core.triage import TriageResult
 from harness.core.verdict import KV_LEDGER, Verdict
 from harness.session.listeners import SessionListener
 
@@ -45,6 +46,8 @@ class CallEvidence(SessionListener):
         self.logs: dict[Path, int] = {}
         self.configs: list[Any] = []
         self.verdicts: list[Verdict] = []
+        # Failed verdicts of this test re-run under varied conditions (harness.triage).
+        self.triage: list[TriageResult] = []
 
     def on_scenario(self, config: Any, scenario: Any) -> None:
         self.runs.append(ScenarioRun(config=config, scenario=scenario))
@@ -87,6 +90,9 @@ class CallEvidence(SessionListener):
             self.runs.append(run)
         run.verdicts.append(verdict)
 
+    def on_triage(self, result: TriageResult) -> None:
+        self.triage.append(result)
+
     @property
     def failed_verdict(self) -> Verdict | None:
         """The first verdict that failed in this test."""
@@ -110,7 +116,7 @@ class CallEvidence(SessionListener):
 
     @property
     def empty(self) -> bool:
-        return not (self.runs or self.snapshots or self.logs or self.verdicts)
+        return not (self.runs or self.snapshots or self.logs or self.verdicts or self.triage)
 
     def first_scenario(self) -> tuple[Any, Any]:
         """(scenario, config) of the first run that has a scenario, else (None, None)."""

@@ -1,5 +1,6 @@
-"""The run summary in markdown: counts per status and per failure category, and the
-failing tests with their category, target, model and first message line."""
+"""The run summary in markdown: counts per status and per failure category, the
+failing tests with their category, target, model and first message line, and the verdict of
+each triaged failure (read from the results' labels, so merged shards keep it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from harness.checks.exposure import exposure_lines
 from harness.report.categories import SKIPPED, UNCLASSIFIED_FAILURE, category_names, classify
 from harness.report.results import ResultsFolder, labels_of, load_results, message_of, params_of
 from harness.report.root_cause import root_cause_markdown
+from harness.report.triage_report import TriageRow, rows_from_results, triage_markdown
 
 MESSAGE_CHARS = 160
 
@@ -41,6 +43,8 @@ class RunSummary:
     exposure: list[str] = field(default_factory=list)
     # Teacher-forced agreement per target and model (harness.checks.agreement): table lines.
     agreement: list[str] = field(default_factory=list)
+    # Failures re-run under varied conditions (harness.triage), from the results' labels.
+    triage: list[TriageRow] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -92,6 +96,7 @@ def summarize(tests: list[dict[str, Any]], problems: list[str] | None = None) ->
             message=_first_line(message),
         ))
     s.failed.sort(key=lambda f: (category_order(f.category), f.name))
+    s.triage = rows_from_results(tests)
     return s
 
 
@@ -127,6 +132,7 @@ def summary_markdown(s: RunSummary, title: str = "vllm-hil run") -> str:
         lines.append("")
     elif s.total:
         lines += ["No failing tests.", ""]
+    lines += triage_markdown(s.triage)
     if s.exposure:
         lines += ["## Near-tie exposure", ""] + [f"- {_cell(e)}" for e in s.exposure] + [""]
     if s.agreement:

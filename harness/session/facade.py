@@ -43,11 +43,15 @@ from harness.scenario.catalog import Model, ModelCatalog
 from harness.scenario.prompts import PromptSet, Scenario
 from harness.session.listeners import Listeners, SessionListener
 from harness.session.stats import SessionStats, Timers
+from harness.session.triage import TriageDesk, with_triage
 from harness.stacks import host as host_stack
 from harness.stacks.spec import load_stack, stack_python
 from harness.targets import kind, kind_of_label, logprob_policy
 from harness.targets.geometry import PAGED, pool_overrides
 from harness.targets.variants import TargetVariant
+from harness.triage.budget import TRIAGE_BUDGET, TRIAGE_MAX, TriageBudget
+from harness.triage.judge import Policies
+from harness.triage.runner import TriageRunner
 
 __all__ = ["HilSession", "Model", "SessionOptions"]
 
@@ -72,6 +76,9 @@ class SessionOptions:
     logprob_tol: float | None = None  # None: the default for the backend's precision
     logprob_tol_card: float | None = None
     teacher_forcing: bool = True
+    triage: bool = True  # re-run failed token-equality and KV verdicts (harness.triage)
+    triage_max: int = TRIAGE_MAX
+    triage_budget: float = TRIAGE_BUDGET
 
 
 class HilSession:
@@ -105,11 +112,21 @@ class HilSession:
         self.hygiene = EngineHygiene(self.engines.probe_idle,
                                      lambda: self.current_test, replace=opts.engine_replace)
         self.engines.hygiene = self.hygiene
+        # Triage runs go through a driver of their own: no report events, their own timers.
+        self.triage = TriageDesk(TriageRunner(
+            self._pool,
+            EngineDriver(self._pool, self.engines.settings, Timers(), Listeners(),
+                         self._device_failed),
+            Policies(self._near_tie_of, lambda label: logprob_policy(
+                label, opts.logprob_tol, opts.logprob_tol_card)),
+            TriageBudget(opts.triage_max, opts.triage_budget,
+                         enabled=opts.triage and not opts.plan_only)))
 
     # -- test lifecycle and listeners --------------------------------------------
     def begin_test(self, nodeid: str) -> None:
         """Name the running test (a device that fails is marked broken by it)."""
         self.current_test = nodeid
+        self.triage.begin_test()
 
     def add_listener(self, listener: SessionListener) -> None:
         self.listeners.add(listener)
@@ -178,11 +195,15 @@ class HilSession:
         reference's tokens (``Trace.forced``; off with ``--no-teacher-forcing``)."""
         if not self.opts.teacher_forcing:
             teacher = None
-        return self.engines.generate(cfg, scenario, teacher)
+        trace = self.engines.generate(cfg, scenario, teacher)
+        self.triage.ran(cfg, scenario, "generate", teacher, trace)
+        return trace
 
     def run_steps(self, cfg: EngineConfig, scenario: Scenario, probe: bool | None = None) -> Trace:
         """Drive ``scenario`` one engine step at a time, recording scheduler and KV state."""
-        return self.engines.run_steps(cfg, scenario, probe)
+        trace = self.engines.run_steps(cfg, scenario, probe)
+        self.triage.ran(cfg, scenario, "run_steps", None, trace)
+        return trace
 
     def kv_snapshot(self, cfg: EngineConfig) -> list[KvSnapshot]:
         """The engine's KV ledgers right now (after start-up: an idle point)."""
@@ -242,6 +263,7 @@ class HilSession:
             self._refs[model.content_hash] = runner
         with self.timers.timed("reference"):
             trace = runner.generate(scenario)
+        self.triage.referenced(scenario, trace)
         for r in trace.requests.values():
             self.exposure.add(model.label, r)
         return trace
@@ -284,7 +306,9 @@ class HilSession:
 
     def _near_tie_policy(self, trace: Trace) -> NearTiePolicy:
         """The near-tie rule for ``trace``: its kind's, for its backend (tolerance, dtypes)."""
-        label = trace.target
+        return self._near_tie_of(trace.target)
+
+    def _near_tie_of(self, label: str) -> NearTiePolicy:
         return kind_of_label(label).near_tie_policy(self.opts.near_tie, label, self.opts.near_tie_tols)
 
     def check_logprobs(self, scenario: Scenario, trace: Trace, reference: Trace) -> Verdict:
@@ -332,12 +356,19 @@ class HilSession:
         return verdict if inherited is None else judge_snapshots(snapshots, inherited, verdict)
 
     def expect(self, *verdicts: Verdict, trace: Trace | None = None) -> None:
-        """Record each verdict for the report; raise ``VerdictFailed`` on the first that failed."""
+        """Record each verdict for the report; raise ``VerdictFailed`` on the first that failed,
+        triaged first where it is a token-equality or KV verdict (``harness.triage``): its text
+        then ends with the triage's verdict."""
         __tracebackhide__ = True
         for v in verdicts:
             self.listeners.on_verdict(v, trace)
         for v in verdicts:
             if not v.ok:
+                result = self.triage.failed(self.current_test, v, trace)
+                if result is not None:
+                    self.timers.add("triage", result.seconds)
+                    self.listeners.on_triage(result)
+                    v = with_triage(v, result)
                 raise VerdictFailed(v)
 
     def expect_failure(self, verdict: Verdict, mentioning: str = "",
@@ -369,6 +400,7 @@ class HilSession:
             cards=self._pool.device_ledger.to_list(),
             leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],
             hygiene=asdict(self.hygiene.stats),
+            triage=[r.to_dict() for r in self.triage.results],
         )
 
     def write_stats(self, worker: str) -> Path:

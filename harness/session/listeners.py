@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from harness.checks.forcing import ForcedComparison
     from harness.core.comparison import TraceComparison
     from harness.core.config import EngineConfig
+    from harness.core.triage import TriageResult
     from harness.scenario.prompts import Scenario
 
 log = logging.getLogger("harness")
@@ -54,6 +55,9 @@ class SessionListener:
 
     def on_verdict(self, verdict: Verdict, trace: Trace | None) -> None:
         """A check ran (on ``trace`` where it had one); recorded whether it held or not."""
+
+    def on_triage(self, result: TriageResult) -> None:
+        """A failed verdict of the running test was triaged (harness.triage)."""
 
 
 class Listeners(SessionListener):
@@ -109,3 +113,6 @@ class Listeners(SessionListener):
 
     def on_verdict(self, verdict: Verdict, trace: Trace | None) -> None:
         self._each(lambda x: x.on_verdict(verdict, trace), "verdict")
+
+    def on_triage(self, result: TriageResult) -> None:
+        self._each(lambda x: x.on_triage(result), "triage")

@@ -51,6 +51,8 @@ class SessionStats:
     # Engines handed between tests: restarts of dirty ones, probes, what was found
     # (harness.engine.hygiene.HygieneStats).
     hygiene: dict[str, Any] = field(default_factory=dict)
+    # Failed verdicts re-run under varied conditions (harness.core.triage.TriageResult dicts).
+    triage: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def engines_started(self) -> int:

@@ -82,6 +82,7 @@ class Stack:
     unsupported_suites: dict[str, str]
     notes: tuple[str, ...]
     steps: tuple[Step, ...]
+    previous: str | None = None  # the stack this one succeeds (triage re-runs a failure there)
 
     @property
     def venv_python(self) -> Path:
@@ -233,7 +234,16 @@ def load_stack(name: str) -> Stack:
                                     f"{where}: suites.unsupported"),
         notes=_str_list(raw.get("notes"), f"{where}: notes"),
         steps=steps,
+        previous=_previous(raw.get("previous"), where),
     )
+
+
+def _previous(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise StackError(f"{where}: previous must be a stack name, got {value!r}")
+    return value.strip()
 
 
 # -- stamps ----------------------------------------------------------------------------

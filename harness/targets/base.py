@@ -163,6 +163,7 @@ class TargetKind:
     order: ClassVar[int] = 100  # position in variant lists and test ids
     device: ClassVar[DeviceKind] = CPU_DEVICE
     modes: ClassVar[tuple[str, ...]] = ()  # e.g. sb / cb / cp
+    chunks_prefill: ClassVar[bool] = False  # splits any prompt longer than max_num_batched_tokens
     mode_help: ClassVar[str] = ""
     backends: ClassVar[tuple[str, ...]] = ()
     backend_help: ClassVar[str] = ""

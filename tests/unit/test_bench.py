@@ -69,3 +69,70 @@ def test_start_figures_are_median_and_nearest_rank_p90():
 def test_the_bench_starts_a_spyre_eager_variant_the_default_stack_runs():
     vid = load_bench().spyre_eager()
     assert KINDS["spyre"].stack_feature_problem(VARIANTS[vid], DEFAULT_STACK) is None
+
+
+def _row(label: str, wall: float, rc: int = 1, engines: int = 1) -> dict[str, Any]:
+    return {"label": label, "returncode": rc, "outcome": "1 failed" if rc else "1 passed",
+            "wall_s": wall, "engines_started": engines, "reference_computed": 0,
+            "engine_start_s": {}, "split_s": {}}
+
+
+def _triage_stats(reports: Any, *triages: dict[str, Any]) -> None:
+    (reports / "stats").mkdir(parents=True)
+    (reports / "stats" / "main.json").write_text(json.dumps(
+        {"engines_started": 0, "engines": [], "triage": list(triages)}))
+    (reports / "stats" / "old.json").write_text(json.dumps({"engines_started": 0, "engines": []}))
+
+
+def test_the_triage_part_gives_seconds_per_triaged_failure(tmp_path, monkeypatch, capsys):
+    from bench.triage_cost import BUDGET, SELECTION
+    from tests.unit.report.test_triage_report import batching_result
+
+    bench = load_bench()
+    _no_models(monkeypatch)
+    runs: list[tuple[str, list[str]]] = []
+
+    def run(label: str, args: list[str], cache: Any, reports: Any) -> dict[str, Any]:
+        runs.append((label, args))
+        if "--no-triage" in args:
+            return _row(label, 20.0)
+        _triage_stats(reports, batching_result().to_dict())  # 42 s, 3 runs made
+        return _row(label, 65.0, engines=5)
+
+    monkeypatch.setattr(bench, "pytest_run", run)
+    assert bench.main(["--parts", "triage", "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "latest.json").read_text())
+    fig = result["triage"]
+    assert (fig["failures_triaged"], fig["triage_s_per_failure"], fig["runs_per_failure"]) == (
+        1, 42.0, 3.0)
+    assert (fig["wall_difference_s_per_failure"], fig["engines_started_by_triage"]) == (45.0, 4)
+    assert result["ratios"]["triage_s_per_failure"] == 42.0
+    assert result["ratios"]["with_triage_over_without"] == 3.25
+    assert [a[:len(SELECTION)] for _, a in runs] == [SELECTION] * 3  # warm-up, without, with
+    assert f"--triage-budget={BUDGET}" in runs[2][1]
+    assert "triage s/failure" in capsys.readouterr().out
+
+
+def test_the_triage_part_makes_no_figures_when_nothing_was_triaged(tmp_path, monkeypatch):
+    bench = load_bench()
+    _no_models(monkeypatch)
+
+    def run(label: str, args: list[str], cache: Any, reports: Any) -> dict[str, Any]:
+        _triage_stats(reports)
+        return _row(label, 20.0)
+
+    monkeypatch.setattr(bench, "pytest_run", run)
+    assert bench.main(["--parts", "triage", "--out", str(tmp_path)]) == 1
+    result = json.loads((tmp_path / "latest.json").read_text())
+    assert "triage_s_per_failure" not in result["triage"]
+    assert result["failures"] == ["triage: no failure was triaged (the statistics hold no triage):"
+                                  " the session does not triage this failure"]
+    assert "triage_s_per_failure" not in result["ratios"]
+
+
+def test_a_faulted_run_that_passes_is_named_not_measured():
+    from bench.triage_cost import triage_figures
+
+    fig = triage_figures(_row("fault, --no-triage", 20.0, rc=0), _row("fault, triage", 21.0), [])
+    assert fig["problem"] == ("the run 'fault, --no-triage' did not fail (exit 0 [1 passed]): the"
+                              " fault no longer fails the test")

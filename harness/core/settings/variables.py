@@ -67,6 +67,9 @@ VARIABLES: tuple[Variable, ...] = (
     _opt("HIL_DEVICE_ROOT", "folder", "--device-root"),
     _opt("HIL_ENGINE_START_TIMEOUT", "seconds", "--engine-start-timeout"),
     _opt("HIL_ALLURE_ATTACH_PASSED", "flag", "--allure-attach-passed"),
+    _opt("HIL_NO_TRIAGE", "flag", "--no-triage"),
+    _opt("HIL_TRIAGE_MAX", "whole", "--triage-max"),
+    _opt("HIL_TRIAGE_BUDGET", "seconds", "--triage-budget"),
     # Read where they are used, by a user's choice.
     Variable("HIL_ENGINE_START", choice(*ENGINE_START_MODES),
              doc="how engine processes start: platform (the default: a forked preloaded parent"

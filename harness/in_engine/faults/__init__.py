@@ -2,16 +2,19 @@
 
 A fault is named in ``EngineConfig.faults`` (or with ``--inject-fault``) as
 ``NAME`` or ``NAME:key=value,key=value`` (``variant=ID`` installs it only in that target
-variant's engines); NAME is a key of ``FAULTS``, or a
-``package.module.function`` path when ``--allow-external-faults`` is given. It runs inside the engine process before
+variant's engines, ``stack=NAME`` only in that stack's, ``default`` the default stack's);
+NAME is a key of ``FAULTS``, or a ``package.module.function`` path when
+``--allow-external-faults`` is given. It runs inside the engine process before
 vLLM builds the engine, so it can patch vLLM or a plugin at class level.
 Faults print a ``[hil] fault`` line to the engine log when they fire.
 
 Each fault is registered where it is defined (``@fault("NAME")``,
 ``harness.in_engine.fault_registry``), in a module per subsystem it patches: ``block_pool``
-(vLLM's block pool and KV cache managers), ``scheduler`` (preemptions and their counters, when a finished request's blocks are freed),
-``logits`` (what the sampler sees) and ``engine`` (the engine process, its KV block count); a
-target kind's own faults live in its package, in the modules its ``fault_modules`` names,
+(vLLM's block pool and KV cache managers), ``scheduler`` (preemptions and their counters,
+when a finished request's blocks are freed), ``logits`` (what the sampler sees), ``engine``
+(the engine process, its KV block count) and ``conditions`` (bugs that show under one
+condition of a run only, one per condition triage varies); a target kind's own faults live
+in its package, in the modules its ``fault_modules`` names,
 which the kind registry loads here. The registry sits beside this package, not in it, so a
 kind's fault module imports it without running this loader: no import loop. None imports
 vLLM or a plugin before a fault is installed.
@@ -24,12 +27,18 @@ import os
 from typing import Any
 
 from harness.in_engine.fault_registry import FAULT_STATE_ENV, FAULTS, FaultFn, arm, armed
-from harness.in_engine.faults import block_pool, engine, logits, scheduler  # noqa: F401 - they register their faults
+from harness.in_engine.faults import (  # noqa: F401 - they register their faults
+    block_pool,
+    conditions,
+    engine,
+    logits,
+    scheduler,
+)
 from harness.targets import load_fault_modules
 
 __all__ = [
     "ALLOW_EXTERNAL_ENV", "FAULTS", "FAULT_STATE_ENV", "FaultFn", "apply_faults", "arm", "armed",
-    "check_fault_specs", "engine_variant", "env_fault_specs", "parse_fault",
+    "check_fault_specs", "engine_stack", "engine_variant", "env_fault_specs", "parse_fault",
 ]
 
 ALLOW_EXTERNAL_ENV = "HIL_ALLOW_EXTERNAL_FAULTS"
@@ -102,8 +111,18 @@ def apply_faults(specs: list[str], config: dict[str, Any]) -> None:
         if variant is not None and variant != engine_variant(config):
             print(f"[hil] fault not installed (for {variant}): {spec}", flush=True)
             continue
+        # And stack=NAME: installed only in that stack's engines (a bug one stack has).
+        stack = kwargs.pop("stack", None)
+        if stack is not None and stack != engine_stack(config):
+            print(f"[hil] fault not installed (for stack {stack}): {spec}", flush=True)
+            continue
         fn(config, **kwargs)
         print(f"[hil] fault installed: {spec}", flush=True)
+
+
+def engine_stack(config: dict[str, Any]) -> str:
+    """The stack of an engine configuration dict (``EngineConfig.stack``; ``default``)."""
+    return str(config.get("stack") or "default")
 
 
 def engine_variant(config: dict[str, Any]) -> str:

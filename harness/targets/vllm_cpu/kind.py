@@ -15,6 +15,7 @@ WIDER_FROM = (0, 29)
 
 class VllmCpuTarget(VllmTarget):
     name = "vllm-cpu"
+    chunks_prefill = True  # V1 chunks a prompt longer than max_num_batched_tokens
     order = 10
     device = CPU_DEVICE
     variants = (TargetVariant("vllm-cpu", "vllm-cpu", None, None, ("cpu",)),)

@@ -18,7 +18,7 @@ from harness.checks.ledger import check_idle_ledgers, check_ledger
 from harness.core.errors import EngineCrashed, EngineRequestError
 from harness.core.trace import SOURCE_SPYRE_RUNNER, KvSnapshot, StepRecord, Trace
 from harness.core.verdict import INHERITED_STATE
-from harness.engine.device_ledger import DeviceLedger, ledger_problems
+from harness.engine.device_ledger import DeviceLedger, ledger_problems, ledger_summary_lines
 from harness.engine.hygiene import (
     EngineHygiene,
     idle_problems,
@@ -326,6 +326,22 @@ def test_a_replacement_on_a_card_is_not_a_second_start_of_its_configuration():
     assert ledger_problems(ledger.events) == ["card0: configuration k1 started 2 times"]
     ledger.mark_replacement("k1")
     assert ledger_problems(ledger.events) == []
+
+
+def test_a_triage_start_on_a_card_is_not_a_second_start_of_its_configuration():
+    ledger = DeviceLedger()
+    cfg = types.SimpleNamespace(device="card0", label="spyre-sendnn-cp", key="k1")
+    ledger.started(cfg)
+    ledger.closed("k1")
+    ledger.started(cfg, purpose="triage")
+    ledger.closed("k1")
+    ledger.started(cfg, purpose="triage")
+    assert ledger_problems(ledger.events) == []
+    (line,) = ledger_summary_lines(ledger.events)
+    assert line.count("(triage)") == 2
+    ledger.started(types.SimpleNamespace(device="card0", label="x", key="k2"), purpose="triage")
+    assert ledger_problems(ledger.events) == [
+        "card0: x started while ['k1'] still live"]  # one engine per card holds for triage too
 
 
 # ------------------------------------------------------------------ faults
