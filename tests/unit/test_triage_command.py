@@ -15,7 +15,7 @@ from tests.bad_input import earlier_run, write
 from tests.unit.report.test_triage_report import BATCH_VERDICT, batching_result
 
 NODE = "suites/t.py::b"  # allure_result's node id for the test "b"
-RECORDED = ("/work/main/suites --alluredir=/r/.run-1/allure-results --junitxml=/r/.run-1/junit.xml"
+RECORDED = ("/lab/vllm-hil/suites --alluredir=/r/.run-1/allure-results --junitxml=/r/.run-1/junit.xml"
             " --hil-reports-dir=/r/.run-1 --stack=default --shard-durations=/r/durations.json"
             " --model tiny-llama --target=vllm-cpu --inject-fault perturb-logit:position=5"
             " -m cpu and not slow -k single or pair --no-triage --triage-max 3 -x"
