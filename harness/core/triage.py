@@ -68,6 +68,12 @@ class TriageResult:
     seconds: float = 0.0
     note: str = ""  # e.g. what the budget left out
 
+    @property
+    def runs_made(self) -> int:
+        """The runs that judged the check (passed or failed): errors and runs not made are
+        rows of the table, not runs."""
+        return sum(1 for r in self.runs if r.outcome in (PASSED, FAILED))
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["runs"] = [r.to_dict() for r in self.runs]
@@ -91,6 +97,5 @@ class TriageResult:
                          f" {r.outcome} | {r.seconds:.1f} | {why} |")
         if self.note:
             lines += ["", self.note]
-        lines += ["", f"{len([r for r in self.runs if r.outcome in (PASSED, FAILED)])} runs,"
-                      f" {self.seconds:.1f} s"]
+        lines += ["", f"{self.runs_made} runs, {self.seconds:.1f} s"]
         return "\n".join(lines)

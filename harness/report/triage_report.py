@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.triage import FAILED, PASSED, TriageResult
+from harness.core.triage import TriageResult
 from harness.report.results import labels_of
 
 # Allure labels of a triaged failure. ``triage`` holds the verdict's key (one word of
@@ -30,16 +30,10 @@ ATTACHMENT = "triage"  # the runs as a Markdown table (TriageResult.table())
 JSON_ATTACHMENT = "triage (JSON)"  # TriageResult.to_dict(), for tools
 
 
-def runs_made(result: TriageResult) -> int:
-    """The runs that judged the check (passed or failed); errors and runs not made are not
-    counted, as ``TriageResult.table()`` counts them."""
-    return sum(1 for r in result.runs if r.outcome in (PASSED, FAILED))
-
-
 def labels_for(result: TriageResult) -> list[tuple[str, str]]:
     """The Allure labels of a test whose failure was triaged into ``result``."""
     return [(TRIAGE, result.key), ("tag", TAG_PREFIX + result.key), (VERDICT, result.verdict),
-            (CHECK, result.check), (RUNS, str(runs_made(result))),
+            (CHECK, result.check), (RUNS, str(result.runs_made)),
             (SECONDS, f"{result.seconds:.1f}")]
 
 
@@ -48,7 +42,7 @@ def description_with_triage(doc: str | None, results: Iterable[TriageResult]) ->
     test page shows the description above the steps, where a reader starts."""
     parts = [inspect.cleandoc(doc)] if doc and doc.strip() else []
     for r in results:
-        parts.append(f"**triage of {r.check}: {r.verdict}** ({runs_made(r)} runs,"
+        parts.append(f"**triage of {r.check}: {r.verdict}** ({r.runs_made} runs,"
                      f" {r.seconds:.1f} s; the runs are in the attachment \"{ATTACHMENT}\")")
     return "\n\n".join(parts)
 
@@ -109,7 +103,7 @@ def rows_from_stats(entries: Iterable[Any]) -> tuple[list[TriageRow], list[str]]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             bad.append(f"a triage entry of the statistics is not one ({exc!r}); left out")
             continue
-        rows.append(TriageRow(r.nodeid, r.check, r.key, r.verdict, runs_made(r), r.seconds))
+        rows.append(TriageRow(r.nodeid, r.check, r.key, r.verdict, r.runs_made, r.seconds))
     return rows, bad
 
 

@@ -45,7 +45,7 @@ from harness.session.listeners import Listeners, SessionListener
 from harness.session.stats import SessionStats, Timers
 from harness.session.triage import TriageDesk, with_triage
 from harness.stacks import host as host_stack
-from harness.stacks.spec import load_stack, stack_python
+from harness.stacks.spec import load_stack, variant_problem
 from harness.targets import kind, kind_of_label, logprob_policy
 from harness.targets.geometry import PAGED, pool_overrides
 from harness.targets.variants import TargetVariant
@@ -176,13 +176,7 @@ class HilSession:
         for m in markers:
             if m in stack.unsupported_suites:
                 return f"suite {m} does not run on stack {stack.name}: {stack.unsupported_suites[m]}"
-        if variant.id in stack.unsupported:
-            return f"{variant.id} does not run on stack {stack.name}: {stack.unsupported[variant.id]}"
-        if stack.targets and variant.id not in stack.targets:
-            return f"{variant.id} is not among the targets of stack {stack.name}"
-        if stack_python(stack.name) is None:
-            return f"stack {stack.name} is not installed: run ./setup.sh --stack {stack.name}"
-        return None
+        return variant_problem(stack, variant.id)
 
     def check_scenario(self, cfg: EngineConfig, scenario: Scenario) -> None:
         """Refuse requests the engine would refuse, before any engine starts."""

@@ -19,7 +19,7 @@ from harness.core.verdict import Verdict
 from harness.engine.pool import prefix_caching_on
 from harness.scenario.prompts import Scenario
 from harness.stacks import host as host_stack
-from harness.stacks.spec import load_stack, stack_python
+from harness.stacks.spec import load_stack, variant_problem
 from harness.targets import kind
 from harness.targets.variants import VARIANTS
 from harness.triage.judge import triaged
@@ -43,14 +43,8 @@ def previous_stack(cfg: EngineConfig) -> tuple[str | None, str]:
     prev = load_stack(cfg.stack).previous
     if prev is None:
         return None, f"stack {cfg.stack} names no previous stack"
-    stack = load_stack(prev)
-    if cfg.variant_id in stack.unsupported:
-        return None, f"{cfg.variant_id} does not run on {prev}: {stack.unsupported[cfg.variant_id]}"
-    if stack.targets and cfg.variant_id not in stack.targets:
-        return None, f"{cfg.variant_id} is not among the targets of {prev}"
-    if stack_python(prev) is None:
-        return None, f"the previous stack {prev} is not installed (./setup.sh --stack {prev})"
-    return prev, ""
+    problem = variant_problem(load_stack(prev), cfg.variant_id)
+    return (None, problem) if problem else (prev, "")
 
 
 def facts_of(cfg: EngineConfig) -> Facts:

@@ -270,6 +270,18 @@ def installed_stamp(stack: Stack) -> str | None:
         return None
 
 
+def variant_problem(stack: Stack, variant_id: str) -> str | None:
+    """Why ``stack`` cannot run the target variant ``variant_id`` here (it declares the variant
+    unsupported, lists targets without it, or is not installed), or None."""
+    if variant_id in stack.unsupported:
+        return f"{variant_id} does not run on stack {stack.name}: {stack.unsupported[variant_id]}"
+    if stack.targets and variant_id not in stack.targets:
+        return f"{variant_id} is not among the targets of stack {stack.name}"
+    if stack_python(stack.name) is None:
+        return f"stack {stack.name} is not installed: run ./setup.sh --stack {stack.name}"
+    return None
+
+
 def stack_python(name: str) -> Path | None:
     """The stack venv's python when it is installed and its stamp matches the repo's files."""
     stack = load_stack(name)

@@ -3,7 +3,7 @@ policies as the failed test (pure functions of the traces, no report side effect
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from harness.checks.forcing import compare_forced
@@ -44,10 +44,10 @@ class Policies:
     logprob: Callable[[str], LogprobPolicy]
 
 
-def _only(ref: Trace, dev: Trace) -> Trace:
-    """``ref`` cut to the requests ``dev`` ran (a triage run may run one request alone)."""
-    keep = set(dev.requests) | set(dev.forced)
-    return replace(ref, requests={k: v for k, v in ref.requests.items() if k in keep})
+def only(trace: Trace, request_ids: Iterable[str]) -> Trace:
+    """``trace`` cut to ``request_ids`` (a triage run may run one request alone)."""
+    keep = set(request_ids)
+    return replace(trace, requests={k: v for k, v in trace.requests.items() if k in keep})
 
 
 def judge(check: str, trace: Trace, reference: Trace | None, policies: Policies) -> Verdict:
@@ -57,7 +57,7 @@ def judge(check: str, trace: Trace, reference: Trace | None, policies: Policies)
         return check_ledger(trace)
     if reference is None:
         return Verdict.failed(check, "triage: no reference to judge the run against")
-    ref = _only(reference, trace)
+    ref = only(reference, [*trace.requests, *trace.forced])
     label = trace.target
     if check == TOKEN_EQUALITY:
         return token_verdict(compare_traces(ref, trace, policy=policies.near_tie(label)))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 
 from harness.checks.capacity import CapacityError, KvPool
 from harness.core.config import ConfigError, EngineConfig
@@ -26,7 +25,7 @@ from harness.scenario.prompts import RequestSpec, Scenario
 from harness.targets import target_for
 from harness.triage.budget import TriageBudget
 from harness.triage.decide import decide
-from harness.triage.judge import Policies, judge
+from harness.triage.judge import Policies, judge, only
 from harness.triage.plan import Cycle, Facts, FailedRun, Probe, Warm, plan
 
 MAX_FILLER = 64  # filler requests a pool may need to be cycled; a larger pool is not cycled
@@ -59,13 +58,6 @@ def filler(scenario: Scenario, cfg: EngineConfig, pool: KvPool) -> Scenario:
         ids[0] = stream[i % len(stream)] + i + 1  # distinct from the first token on
         requests.append(RequestSpec(f"filler-{i}", tuple(ids), 1))
     return Scenario(f"{scenario.name}-filler", requests, scenario.limits, {"scenario": "filler"})
-
-
-def _cut(trace: Trace | None, scenario: Scenario) -> Trace | None:
-    if trace is None:
-        return None
-    ids = {r.request_id for r in scenario.requests}
-    return replace(trace, requests={k: v for k, v in trace.requests.items() if k in ids})
 
 
 class TriageRunner:
@@ -141,7 +133,9 @@ class TriageRunner:
                teacher: bool) -> Trace:
         if run.op == "run_steps":
             return self.driver.run_steps(cfg, scenario, probe=True)
-        return self.driver.generate(cfg, scenario, _cut(run.teacher, scenario) if teacher else None)
+        ids = [r.request_id for r in scenario.requests]
+        forced = only(run.teacher, ids) if teacher and run.teacher is not None else None
+        return self.driver.generate(cfg, scenario, forced)
 
 
 __all__ = ["TriageRunner", "filler"]
