@@ -63,6 +63,9 @@ CPU_CASES: tuple[Case, ...] = (
     Case("perturb-logit:position=5", "spyre-eager-cp", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
     Case("kernel-drift", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "logprob drift"),
     Case("kernel-drift", "spyre-eager-cp", TOKEN, ONE_TOKEN_TEST, "logprob drift"),
+    # An 8 % attention-scale error inside the model: on the bf16 target, judged by the
+    # calibrated bf16 noise, the distribution check is the first to see it.
+    Case("attn-scale:factor=1.08", "vllm-cpu-bf16", TOKEN, ONE_TOKEN_TEST, "distribution drift"),
     # On tiny-llama the block-edge case meets a near-tie the free run accepts, and the drift
     # three steps later flips the teacher-forced run's token (on both paths).
     Case("drift-after-near-tie", "vllm-cpu", TOKEN, "block-edge", "token mismatch"),

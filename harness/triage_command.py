@@ -197,7 +197,8 @@ def not_triaged(nodeid: str, message: str) -> str:
     lines = [ln.strip() for ln in message.strip().splitlines()]
     said = next((ln for ln in lines if ln.startswith("triage:")), "")
     if said:
-        return f"{nodeid} failed and was not triaged: {said.removeprefix('triage:').strip()}"
+        why = said.removeprefix("triage:").strip().removeprefix("not triaged:").strip()
+        return f"{nodeid} failed and was not triaged: {why}"
     first = lines[0] if lines else "no message"
     return (f"{nodeid} failed and was not triaged: only a failed token-equality or KV-ledger"
             f" verdict is; it failed with: {first[:200]}")

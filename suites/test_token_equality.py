@@ -30,7 +30,8 @@ def test_greedy_tokens_equal_reference(hil, model, target_variant, case):
 
     hil.expect(
         hil.check_tokens(model, scenario, device, reference),
-        hil.check_logprobs(scenario, device, reference),
+        hil.check_logprobs(scenario, device, reference, model),
         *hil.check_forced(model, scenario, device, reference),
+        *hil.check_distribution(model, scenario, device, reference),
         trace=device,
     )

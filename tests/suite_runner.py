@@ -93,3 +93,41 @@ def run_suite(tmp_path: Path, *args: str, timeout: float = 1200,
                     break
             outcomes[name] = outcome
     return SuiteRun(proc.returncode, proc.stdout + proc.stderr, outcomes, messages, properties)
+
+
+def run_with_allure(tmp_path: Path, suite: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run ``suite`` (a test file using the ``hil`` fixture) in a child pytest with the
+    checkout's plugins and an allure results folder; (the process, the results folder)."""
+    results = tmp_path / "allure-results"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *CHECKOUT_PLUGINS,
+           f"--alluredir={results}", f"--hil-reports-dir={tmp_path / 'reports'}",
+           f"--hil-cache-dir={tmp_path / 'cache'}", str(suite)]
+    run = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, timeout=300)
+    return run, results
+
+
+class Reporter:
+    """A terminal reporter that keeps the lines the terminal summary writes."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.stats: dict = {}
+
+    def section(self, title: str) -> None:
+        self.lines.append(title)
+
+    def write_line(self, line: str, **markup: object) -> None:
+        self.lines.append(line)
+
+
+def config_for(reports: Path) -> object:
+    """A pytest config with the two options the terminal summary reads."""
+
+    class Config:
+        option = type("Option", (), {})()
+
+        def getoption(self, name: str) -> str:
+            return {"--hil-reports-dir": str(reports), "--stack": "default"}[name]
+
+    return Config()

@@ -79,7 +79,8 @@ def md_table(rows: list[tuple[str, ...]], columns: tuple[str, ...]) -> str:
 
 RULE = (f"band = the p99 of the measured noise: a request or run fails when more of its"
         f" positions are over it than {100 * BAND_RATE:g} % per position would give with"
-        f" probability {ALPHA:g}; limit = {LIMIT_MARGIN:g} x the largest measured: no position"
+        f" probability {ALPHA:g}; limit = {LIMIT_MARGIN:g} x the largest measured"
+        f" ({LIMIT_MARGIN ** 2:g} x for the KL metrics, second order in the error): no position"
         " may exceed it. kl_topk is the lower bound of KL(fp32 || reduced) the distribution"
         " check computes from both top-k tables.")
 

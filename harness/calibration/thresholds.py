@@ -15,6 +15,11 @@ Two numbers come out of that sample:
   each), thresholds taken from half of the prompts and applied to the other half put held-out
   honest positions over the limit at 1x, 1.5x and 2x the largest, none at 3x; an 8 %
   attention-scale error still crosses 3x at 3 to 346 of 348 positions per model and precision.
+  The KL metrics are second order in the error (KL ~ 1/2 E[delta^2] for a small logit error
+  delta), so an implementation whose rounding errors are 3x the measured ones moves them 9x:
+  their margin is ``LIMIT_MARGIN`` squared (``margin_of``). Measured: the Spyre plugin's fp16
+  model (ibm-fms, on the emulated card) against the fp32 reference reaches 1.45x the largest
+  ``kl_topk`` of transformers' fp16 while its logprob deviations stay under 2x.
 
 Pure Python: the checks and targets read these without torch.
 """
@@ -31,8 +36,15 @@ BAND_QUANTILE = 1.0 - BAND_RATE
 # How unlikely honest noise must be to exceed a request's or run's allowance of positions
 # over the band.
 ALPHA = 1e-3
-# The per-position limit over the largest measured noise.
+# The per-position limit over the largest measured noise (squared for the KL metrics).
 LIMIT_MARGIN = 3.0
+# Metrics second order in a logit error: their limit's margin is LIMIT_MARGIN squared.
+QUADRATIC_METRICS = ("kl_full", "kl_topk")
+
+
+def margin_of(metric: str, margin: float = LIMIT_MARGIN) -> float:
+    """The limit's margin over the largest measured value of ``metric``."""
+    return margin * margin if metric in QUADRATIC_METRICS else margin
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -78,7 +90,8 @@ class MetricThreshold:
         v = sorted(values)
         top = v[-1] if v else math.nan
         p99 = quantile(v, BAND_QUANTILE)
-        return cls(metric, len(v), quantile(v, 0.5), p99, top, band=p99, limit=LIMIT_MARGIN * top)
+        return cls(metric, len(v), quantile(v, 0.5), p99, top, band=p99,
+                   limit=margin_of(metric) * top)
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "n": self.n, "p50": self.p50, "p99": self.p99,
@@ -116,7 +129,7 @@ class Thresholds:
         if over_limit:
             i = over_limit[0]
             return (f"{metric} {values[i]:.4g} at position {i} over the limit {t.limit:.4g}"
-                    f" ({self.margin:g} x the largest of {t.n} measured)")
+                    f" ({margin_of(metric, self.margin):g} x the largest of {t.n} measured)")
         over = sum(1 for v in values if v > t.band)
         allowed = self.allowed_over(len(values))
         if over > allowed:

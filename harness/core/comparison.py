@@ -20,6 +20,7 @@ class NearTiePolicy:
     top_k: int = NEAR_TIE_TOP_K
     prob_tol: float = NEAR_TIE_PROB_TOL
     dtypes: str = ""  # e.g. "reference fp32, device fp16": stated in every diff
+    source: str = ""  # where prob_tol came from when it is not the default (a calibration)
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
@@ -29,8 +30,9 @@ class NearTiePolicy:
 
     def describe(self) -> str:
         """The policy values as shown in reports."""
-        text = f"top_k={self.top_k}, prob_tol={self.prob_tol:g}"
-        return f"{text}, {self.dtypes}" if self.dtypes else text
+        text = f"top_k={self.top_k}, prob_tol={self.prob_tol:.4g}"
+        text = f"{text}, {self.dtypes}" if self.dtypes else text
+        return f"{text}; prob_tol {self.source}" if self.source else text
 
 
 class TokenOutcome(Enum):

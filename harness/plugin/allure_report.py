@@ -6,7 +6,10 @@ the harness (activation.py). Suites know
 nothing of it: labels come from the test's module, function and callspec;
 evidence comes from a listener added to the session while the test's call phase
 runs. A test that failed on a verdict gets a ``check`` label with the check's
-name, which the summary files it by.
+name, which the summary files it by. Every test whose traces were judged carries the
+``thresholds`` it used (precision, source, the three policies); with its evidence, a
+calibrated one also the ``calibration`` figure (the measured noise, band and limit, and the
+run's own values).
 Under xdist every worker labels and attaches its own tests; the controller
 alone writes categories.json, environment.properties and executor.json, and
 alone cleans the results folder for ``--clean-alluredir``.
@@ -30,6 +33,7 @@ try:  # without allure-pytest (a card host may lack it) this plugin loads and do
 except ImportError:
     allure = None
 
+from harness.checks.distribution import compare_distributions
 from harness.checks.logprobs import compare_logprobs
 from harness.core.serialise import snapshot_to_dict
 from harness.core.verdict import VerdictFailed
@@ -39,6 +43,7 @@ from harness.plugin.options import ALLURE, add_options, option_value
 from harness.plugin.ordering import shard_with_plan
 from harness.report import attachments as att
 from harness.report import triage_report
+from harness.report.calibration_report import calibration_svg, record_key, record_of, rules_text
 from harness.report.deviation_plot import deviation_svg, series_of_forced, series_of_free_run
 from harness.report.evidence import CallEvidence, StepInfo, run_steps_of
 from harness.report.labels import (
@@ -182,7 +187,8 @@ def deviation_plot_of(run: Any, title: str) -> str:
                 if d.position is not None}
     if run.forced is not None:
         return deviation_svg(series_of_forced(run.forced, diverged), title, run.forced.logprob.tol)
-    policy = logprob_policy(run.trace.target)
+    rules = getattr(run, "rules", None)
+    policy = rules.logprob if rules is not None else logprob_policy(run.trace.target)
     free = compare_logprobs(run.reference, run.trace, policy)
     return deviation_svg(series_of_free_run(free, diverged), title, policy.tol)
 
@@ -192,7 +198,73 @@ def _attach_text(body: str, name: str, kind: Any) -> None:
         allure.attach(body, name=name, attachment_type=kind)
 
 
-def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseException] | None) -> None:
+def _used_calibrations(hil: Any) -> list[dict[str, Any]]:
+    """The calibration records the session used (``PrecisionDesk.used``), with distributions."""
+    used = getattr(getattr(hil, "precision", None), "used", None)
+    return list(used.values()) if isinstance(used, dict) else []
+
+
+def _judged_runs(evidence: CallEvidence) -> list[tuple[str, Any, list[Any]]]:
+    """(target label, rules, runs judged by them) once per distinct label and rules."""
+    out: list[tuple[str, Any, list[Any]]] = []
+    for run in evidence.runs:
+        if run.rules is None:
+            continue
+        label = str(getattr(run.trace, "target", None) or getattr(run.config, "label", "?"))
+        same = next((e for e in out if e[0] == label and e[1] == run.rules), None)
+        if same is None:
+            out.append((label, run.rules, [run]))
+        else:
+            same[2].append(run)
+    return out
+
+
+def _attach_thresholds(evidence: CallEvidence, hil: Any) -> None:
+    """The ``thresholds`` a test's traces were judged by, once per test."""
+    used = _used_calibrations(hil)
+    blocks = [rules_text(label, rules, record_of(rules.calibration, used)
+                         if rules.calibration is not None else None)
+              for label, rules, _ in _judged_runs(evidence)]
+    _attach_text("\n\n".join(blocks), "thresholds", AttachmentType.TEXT)
+
+
+def run_values(runs: list[Any], rules: Any) -> dict[str, list[float]]:
+    """The runs' own values of the calibration's metrics where the check computes them: the
+    logprob deviation and the top-k KL of every compared position of the free run."""
+    values: dict[str, list[float]] = {"chosen_logprob": [], "kl_topk": []}
+    for run in runs:
+        if run.reference is None or run.trace is None:
+            continue
+        free = compare_logprobs(run.reference, run.trace, rules.logprob)
+        values["chosen_logprob"] += [d.value for r in free.requests for d in r.deviations]
+        kl = compare_distributions(run.reference, run.trace, rules.distribution)
+        values["kl_topk"] += kl.positions()
+    return {k: v for k, v in values.items() if v}
+
+
+def _attach_calibrations(evidence: CallEvidence, hil: Any) -> None:
+    """The ``calibration`` figure of each calibration the test's traces were judged by."""
+    used = _used_calibrations(hil)
+    done: list[tuple[str, str]] = []
+    for _, rules, runs in _judged_runs(evidence):
+        if rules.calibration is None:
+            continue
+        record = record_of(rules.calibration, used)
+        if record is None or record_key(record) in done:
+            continue
+        done.append(record_key(record))
+        try:
+            values = run_values(runs, rules)
+        except Exception:  # noqa: BLE001 - the figure without the run's values is still useful
+            log.exception("allure report: the run's values for the calibration figure")
+            values = {}
+        suffix = f" {len(done)}" if len(done) > 1 else ""
+        _attach_text(calibration_svg(record, values), "calibration" + suffix, AttachmentType.SVG)
+
+
+def _attach_evidence(evidence: CallEvidence, excinfo: pytest.ExceptionInfo[BaseException] | None,
+                     hil: Any = None) -> None:
+    _attach_calibrations(evidence, hil)
     many = len([r for r in evidence.runs if r.scenario is not None]) > 1
     for i, run in enumerate(evidence.runs):
         suffix = f" ({i + 1}: {getattr(run.scenario, 'name', '')})" if many else ""
@@ -309,7 +381,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             for run in evidence.runs:
                 if run.scenario is not None:
                     _emit_step(run_steps_of(run))
+            hil = getattr(item, "funcargs", {}).get("hil")
+            _attach_thresholds(evidence, hil)
             if report.failed or option_value(item.config, "--allure-attach-passed"):
-                _attach_evidence(evidence, call.excinfo)
+                _attach_evidence(evidence, call.excinfo, hil)
     except Exception:  # noqa: BLE001 - a report problem must never change a test's outcome
         log.exception("allure report: labelling or attaching %s failed", item.nodeid)

@@ -242,15 +242,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("--hil-plan", action="store_true", default=False,
            help="plan only: record each test's engine configuration (for the test order) and"
            " skip it before any engine starts"),
-    *(Option(f"--near-tie-tol-{t.backend}", kind="probability", default=t.default,
-             help=f"near-tie tolerance on the {t.backend} backend ({t.why}; default {t.default:.2f})")
+    *(Option(f"--near-tie-tol-{t.backend}", kind="probability", default=None,
+             help=f"near-tie tolerance on the {t.backend} backend ({t.why}; default: twice the"
+             " largest probability movement its precision's calibration measured, at least"
+             f" --near-tie-tol; {t.default:.2f} where no model is at hand)")
       for t in near_tie_tolerances()),
     Option("--logprob-tol", kind="tolerance", default=None,
            help="logprob closeness on the fp32 CPU paths (vllm-cpu, spyre eager): max |device -"
            f" reference| logprob of a compared token, in nats (default {TOL_FP32:g})"),
     Option("--logprob-tol-card", kind="tolerance", default=None,
-           help="logprob closeness on cards (sendnn fp16, neuron): max |device - reference|"
-           f" logprob in nats (default {TOL_CARD:g})"),
+           help="logprob closeness in fp16/bf16 (sendnn, neuron, vllm-cpu-bf16): a flat max"
+           " |device - reference| logprob in nats instead of the precision's calibrated limit"
+           f" and band (hil calibrate; {TOL_CARD:g} where no model is at hand)"),
     Option("--no-teacher-forcing", action="store_true", default=False,
            help="skip the teacher-forced run (each request fed the reference's tokens) that"
            " token equality adds to its engine call"),

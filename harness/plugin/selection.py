@@ -98,6 +98,10 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
         if limit is not None:
             allowed = {v.id for v in select_variants(",".join(limit.args))}
             variants = [v for v in variants if v.id in allowed]
+        # A variant for some suites only (vllm-cpu-bf16: token equality) runs where the test
+        # carries one of their markers.
+        variants = [v for v in variants if not v.suites
+                    or any(metafunc.definition.get_closest_marker(s) for s in v.suites)]
         params = [
             pytest.param(v, id=v.id, marks=[*(getattr(pytest.mark, m) for m in v.markers),
                                              *_start_allowance(metafunc, v)])

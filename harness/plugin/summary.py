@@ -1,8 +1,8 @@
 """The run's terminal summary (section ``vllm-hil``): quarantined tests that pass now, the
 warnings about the harness's own files and the quarantine (ordering.py), and what the workers'
 statistics files say: engines started, cards, engine hygiene, reference cache, near-ties,
-near-tie exposure, teacher-forced agreement, and each triaged failure's verdict with what its
-triage cost. A statistics file that cannot be read is named and left out; one of an older run,
+near-tie exposure, teacher-forced agreement, the calibrated thresholds reduced-precision
+targets were judged by, and each triaged failure's verdict with what its triage cost. A statistics file that cannot be read is named and left out; one of an older run,
 written before a key existed, counts as having none of it."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from harness.lab.quarantine import quarantined_passes
 from harness.plugin.invocation import is_worker, writes_nothing
 from harness.plugin.options import option_value
 from harness.plugin.ordering import file_warnings, quarantine_notes
+from harness.report.calibration_report import calibration_terminal_lines, unique_calibrations
 from harness.report.root_cause import hygiene_lines
 from harness.report.triage_report import rows_from_stats, terminal_lines
 
@@ -67,6 +68,7 @@ class RunStats:
     cards: list[dict] = field(default_factory=list)
     hygiene: list[dict] = field(default_factory=list)
     triage: list[dict] = field(default_factory=list)  # harness.core.triage.TriageResult dicts
+    calibrations: list[dict] = field(default_factory=list)  # SessionStats.calibrations
 
     def add(self, s: dict) -> None:
         self.engines += s["engines"]
@@ -83,6 +85,10 @@ class RunStats:
         if not isinstance(triage, list):
             raise TypeError(f"triage is a JSON {type(triage).__name__}, not a list")
         self.triage += triage
+        calibrations = s.get("calibrations") or []
+        if not isinstance(calibrations, list):
+            raise TypeError(f"calibrations is a JSON {type(calibrations).__name__}, not a list")
+        self.calibrations += calibrations
 
 
 def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
@@ -130,6 +136,8 @@ def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
     for line in exposure_lines(s.exposure):
         tr.write_line(line, yellow=line.startswith("WARNING"))
     for line in agreement_lines(s.agreement, s.exposure):
+        tr.write_line(line)
+    for line in calibration_terminal_lines(unique_calibrations(s.calibrations)):
         tr.write_line(line)
     rows, bad = rows_from_stats(s.triage)
     for line in bad:

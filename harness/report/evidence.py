@@ -29,6 +29,9 @@ class ScenarioRun:
     decode: Callable[[list[int]], str] | None = None  # the model's, for the token diff page
     forced: Any = None  # harness.checks.forcing.ForcedComparison, when judged
     verdicts: list[Verdict] = field(default_factory=list)
+    # harness.session.precision.Rules the trace was judged by (its precision's policies and the
+    # calibration they came from), once the session looked them up.
+    rules: Any = None
 
     @property
     def ledger(self) -> Verdict | None:
@@ -92,6 +95,13 @@ class CallEvidence(SessionListener):
 
     def on_triage(self, result: TriageResult) -> None:
         self.triage.append(result)
+
+    def on_rules(self, trace: Trace, rules: Any) -> None:
+        run = self._run_of_trace(trace)
+        if run is None:
+            run = ScenarioRun(config=None, scenario=None, trace=trace)
+            self.runs.append(run)
+        run.rules = rules
 
     @property
     def failed_verdict(self) -> Verdict | None:

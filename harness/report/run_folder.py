@@ -35,7 +35,7 @@ INTERRUPTED_PREFIX = "interrupted-"
 INCOMPLETE_PREFIX = "incomplete-"
 # What one run writes at the top of the reports folder: these are replaced as a set on publish.
 RUN_OUTPUTS = ("allure-results", "stats", "devices", "stacks", "engine-logs", "summary.md",
-               "timing.json")
+               "timing.json", "calibration")
 RUN_OUTPUT_GLOBS = ("junit*.xml",)
 # The environment property (allure-results/environment.properties) of a run that was stopped.
 INTERRUPTED_KEY = "run.interrupted"

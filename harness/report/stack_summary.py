@@ -26,6 +26,11 @@ from typing import Any
 
 from harness.core.paths import REPO_ROOT
 from harness.engine.device_ledger import append_device_summary
+from harness.report.calibration_report import (
+    FIGURES_DIR,
+    calibrations_from_stats,
+    write_calibration_svgs,
+)
 from harness.report.results import ResultsFolder, load_results, params_of
 from harness.report.run_config import read_properties
 from harness.report.run_folder import INTERRUPTED_KEY
@@ -146,8 +151,10 @@ def save_stack_part(reports: Path, allure_dir: Path, stack: str, exit_code: int,
     if ran and (reports / "stats").is_dir():
         shutil.copytree(reports / "stats", part / "stats")
     tests = tests_of_stack(load_results(Path(allure_dir)).tests, stack)
+    figures = part / FIGURES_DIR
+    write_calibration_svgs(calibrations_from_stats(part / "stats"), figures)
     (part / "summary.md").write_text(summary_text(tests, [], part / "stats",
-                                                  title=f"stack {stack}"))
+                                                  title=f"stack {stack}", figures=figures))
     append_device_summary(part / "stats", part / "summary.md")
     (part / PART_FILE).write_text(json.dumps(
         {"stack": stack, "exit_code": exit_code, "junit": junit_name(stack)}))
@@ -244,7 +251,10 @@ def write_report_summary(results_dir: Path, out: Path, folder: ResultsFolder | N
     why = read_properties(Path(results_dir) / "environment.properties").get(INTERRUPTED_KEY)
     stacks = run_stacks(results_dir, folder)
     if stacks is None:
-        text = summary_text(folder.tests, folder.problems, Path(results_dir).parent / "stats")
+        stats_dir = Path(results_dir).parent / "stats"
+        figures = Path(out).parent / FIGURES_DIR
+        write_calibration_svgs(calibrations_from_stats(stats_dir), figures)
+        text = summary_text(folder.tests, folder.problems, stats_dir, figures=figures)
     else:
         text = merged_summary(Path(results_dir).parent, stacks, folder.problems, folder.tests)
     text = (interrupted_line(why) if why else "") + text

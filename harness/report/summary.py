@@ -1,6 +1,7 @@
 """The run summary in markdown: counts per status and per failure category, the
-failing tests with their category, target, model and first message line, and the verdict of
-each triaged failure (read from the results' labels, so merged shards keep it)."""
+failing tests with their category, target, model and first message line, the verdict of
+each triaged failure (read from the results' labels, so merged shards keep it), and the
+calibrated thresholds reduced-precision targets were judged by (from the session stats)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,18 @@ from typing import Any
 
 from harness.checks.agreement import agreement_lines
 from harness.checks.exposure import exposure_lines
+from harness.report.calibration_report import (
+    FIGURES_DIR,
+    calibration_markdown,
+    calibrations_from_stats,
+    figure_names,
+    write_calibration_svgs,
+)
 from harness.report.categories import SKIPPED, UNCLASSIFIED_FAILURE, category_names, classify
 from harness.report.results import ResultsFolder, labels_of, load_results, message_of, params_of
 from harness.report.root_cause import root_cause_markdown
 from harness.report.triage_report import TriageRow, rows_from_results, triage_markdown
+from harness.session.stats import stats_values
 
 MESSAGE_CHARS = 160
 
@@ -45,6 +54,10 @@ class RunSummary:
     agreement: list[str] = field(default_factory=list)
     # Failures re-run under varied conditions (harness.triage), from the results' labels.
     triage: list[TriageRow] = field(default_factory=list)
+    # The calibrations reduced-precision traces were judged by (harness.report.calibration_report),
+    # and each one's figure relative to summary.md (by model hash and precision) where written.
+    calibrations: list[dict[str, Any]] = field(default_factory=list)
+    calibration_links: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -137,6 +150,7 @@ def summary_markdown(s: RunSummary, title: str = "vllm-hil run") -> str:
         lines += ["## Near-tie exposure", ""] + [f"- {_cell(e)}" for e in s.exposure] + [""]
     if s.agreement:
         lines += ["## Teacher-forced agreement", "", *agreement_markdown(s.agreement)]
+    lines += calibration_markdown(s.calibrations, s.calibration_links)
     if s.problems:
         lines += ["## Results problems", ""] + [f"- {_cell(p)}" for p in s.problems] + [""]
     return "\n".join(lines)
@@ -159,12 +173,18 @@ def agreement_markdown(lines: list[str]) -> list[str]:
 
 
 def summary_text(tests: list[dict[str, Any]], problems: list[str], stats_dir: Path,
-                 title: str = "vllm-hil run") -> str:
+                 title: str = "vllm-hil run", figures: Path | None = None) -> str:
     """The summary of ``tests`` with the statistics of ``stats_dir`` (exposure, agreement,
-    engine hygiene)."""
+    calibrated thresholds, engine hygiene). ``figures``: the folder beside the summary holding
+    the calibration figures (``write_calibration_svgs``); those found there are linked."""
     s = summarize(tests, problems)
     s.exposure = exposure_from_stats(stats_dir)
     s.agreement = agreement_from_stats(stats_dir)
+    s.calibrations = calibrations_from_stats(stats_dir)
+    if figures is not None:
+        s.calibration_links = {key: f"{Path(figures).name}/{name}"
+                               for key, name in figure_names(s.calibrations).items()
+                               if (Path(figures) / name).is_file()}
     text = summary_markdown(s, title)
     section = root_cause_markdown(tests, stats_values(stats_dir, "hygiene"))
     if section:
@@ -175,10 +195,14 @@ def summary_text(tests: list[dict[str, Any]], problems: list[str], stats_dir: Pa
 def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = None) -> str:
     """Summarize ``results_dir`` into the markdown file ``out``; returns the text.
 
-    The near-tie exposure comes from the session stats beside it (``../stats``), if any.
+    The near-tie exposure comes from the session stats beside it (``../stats``), if any; the
+    figure of each calibrated threshold is written beside ``out`` (``calibration/``).
     """
     folder = folder or load_results(results_dir)
-    text = summary_text(folder.tests, folder.problems, Path(results_dir).parent / "stats")
+    stats_dir = Path(results_dir).parent / "stats"
+    figures = Path(out).parent / FIGURES_DIR
+    write_calibration_svgs(calibrations_from_stats(stats_dir), figures)
+    text = summary_text(folder.tests, folder.problems, stats_dir, figures=figures)
     write_text_safely(out, text)
     return text
 
@@ -194,17 +218,6 @@ def write_text_safely(out: Path, text: str) -> None:
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def stats_values(stats_dir: Path, key: str) -> list[Any]:
-    """The value of ``key`` in each pytest worker's stats file (none if there are none)."""
-    values = []
-    for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
-        try:
-            values.append(json.loads(f.read_text()).get(key) or {})
-        except (OSError, ValueError, AttributeError):
-            continue
-    return values
 
 
 def agreement_from_stats(stats_dir: Path) -> list[str]:

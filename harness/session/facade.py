@@ -20,6 +20,7 @@ import pytest
 
 from harness.checks.agreement import AgreementTally
 from harness.checks.capacity import KvPool
+from harness.checks.distribution import compare_distributions
 from harness.checks.exposure import ExposureTally
 from harness.checks.forcing import compare_forced
 from harness.checks.ledger import check_idle_ledgers, check_ledger
@@ -42,11 +43,12 @@ from harness.reference.runner import ReferenceRunner
 from harness.scenario.catalog import Model, ModelCatalog
 from harness.scenario.prompts import PromptSet, Scenario
 from harness.session.listeners import Listeners, SessionListener
+from harness.session.precision import PrecisionDesk, Rules, calibration_source
 from harness.session.stats import SessionStats, Timers
-from harness.session.triage import TriageDesk, with_triage
+from harness.session.triage import TriageDesk, with_triage, with_untriaged
 from harness.stacks import host as host_stack
 from harness.stacks.spec import load_stack, variant_problem
-from harness.targets import kind, kind_of_label, logprob_policy
+from harness.targets import kind, kind_of_label
 from harness.targets.geometry import PAGED, pool_overrides
 from harness.targets.variants import TargetVariant
 from harness.triage.budget import TRIAGE_BUDGET, TRIAGE_MAX, TriageBudget
@@ -61,8 +63,9 @@ class SessionOptions:
     cache_dir: Path
     reports_dir: Path
     near_tie: NearTiePolicy = field(default_factory=NearTiePolicy)
-    # Backend -> its wider near-tie tolerance (--near-tie-tol-BACKEND); absent: the kind's default.
-    near_tie_tols: dict[str, float] = field(default_factory=dict)
+    # Backend -> its near-tie tolerance given as --near-tie-tol-BACKEND; absent (or None): the
+    # calibrated one where a model is at hand, else the kind's default.
+    near_tie_tols: dict[str, float | None] = field(default_factory=dict)
     engine_reuse: bool = True
     reference_cache: bool = True
     max_live_engines: int = MAX_LIVE_ENGINES
@@ -73,8 +76,8 @@ class SessionOptions:
     stack: str = "default"
     plan_only: bool = False  # record each test's engine configuration, start nothing
     engine_replace: bool = True  # replace an engine an earlier test left dirty (else: inherited)
-    logprob_tol: float | None = None  # None: the default for the backend's precision
-    logprob_tol_card: float | None = None
+    logprob_tol: float | None = None  # None: the fp32 default
+    logprob_tol_card: float | None = None  # None: the precision's calibrated thresholds
     teacher_forcing: bool = True
     triage: bool = True  # re-run failed token-equality and KV verdicts (harness.triage)
     triage_max: int = TRIAGE_MAX
@@ -99,6 +102,13 @@ class HilSession:
         self.agreement = AgreementTally()
         self.current_test = ""
         self.test_configs: dict[str, str] = {}  # test node id -> its first engine configuration
+        # The rules each trace is judged by, from its engine's precision (calibrated noise for
+        # fp16 and bf16; harness.session.precision).
+        given = {b: t for b, t in opts.near_tie_tols.items() if t is not None}
+        self.precision = PrecisionDesk(
+            opts.near_tie, self._near_tie_of,
+            lambda label: kind_of_label(label).backend_of(label) in given,
+            opts.logprob_tol, opts.logprob_tol_card, calibration_source(opts.cache_dir))
         self.refusal_expected = False  # set by expect_refusal() around a start the test expects to fail
         self._pool = EnginePool(PoolSettings(
             reports_dir=opts.reports_dir, max_live_engines=opts.max_live_engines,
@@ -117,8 +127,9 @@ class HilSession:
             self._pool,
             EngineDriver(self._pool, self.engines.settings, Timers(), Listeners(),
                          self._device_failed),
-            Policies(self._near_tie_of, lambda label: logprob_policy(
-                label, opts.logprob_tol, opts.logprob_tol_card)),
+            Policies(lambda label: self.precision.last(label).near_tie,
+                     lambda label: self.precision.last(label).logprob,
+                     lambda label: self.precision.last(label).distribution),
             TriageBudget(opts.triage_max, opts.triage_budget,
                          enabled=opts.triage and not opts.plan_only)))
 
@@ -271,8 +282,8 @@ class HilSession:
         chosen token is not its top-1 (``_self_consistency``), that verdict is returned instead:
         a sampler error, whether or not token equality let it pass as a near-tie."""
         reference = self.reference(model, scenario) if reference is None else reference
+        policy = self.rules(trace, model).near_tie
         with self.timers.timed("checks"):
-            policy = self._near_tie_policy(trace)
             comparison = compare_traces(reference, trace, policy=policy)
             verdict = token_verdict(comparison, model.decode, scenario.prompts_by_id())
             greedy = self._self_consistency(trace, verdict)
@@ -298,19 +309,40 @@ class HilSession:
         return Verdict.failed(v.check, v.why, at=v.at, details=(
             f"{v.details}\n\ntoken equality against the reference: {tokens.why}"))
 
-    def _near_tie_policy(self, trace: Trace) -> NearTiePolicy:
-        """The near-tie rule for ``trace``: its kind's, for its backend (tolerance, dtypes)."""
-        return self._near_tie_of(trace.target)
+    def rules(self, trace: Trace, model: Model | None = None) -> Rules:
+        """The rules ``trace`` is judged by: near-tie, logprob and distribution policies of
+        the precision its engine computes in (calibrated for fp16 and bf16, measured on first
+        use: ``harness.session.precision``)."""
+        with self.timers.timed("calibration"):
+            rules = self.precision.rules(trace.target, model)
+        self.listeners.on_rules(trace, rules)
+        return rules
 
     def _near_tie_of(self, label: str) -> NearTiePolicy:
-        return kind_of_label(label).near_tie_policy(self.opts.near_tie, label, self.opts.near_tie_tols)
+        """The kind's flat near-tie rule for ``label`` (its backend's tolerance, the dtypes)."""
+        given = {b: t for b, t in self.opts.near_tie_tols.items() if t is not None}
+        return kind_of_label(label).near_tie_policy(self.opts.near_tie, label, given)
 
-    def check_logprobs(self, scenario: Scenario, trace: Trace, reference: Trace) -> Verdict:
+    def check_logprobs(self, scenario: Scenario, trace: Trace, reference: Trace,
+                       model: Model | None = None) -> Verdict:
         """Logprob closeness of the free run: every token both sides chose after the same
-        history has the reference's logprob within the backend's tolerance."""
+        history has the reference's logprob within the rules of the engine's precision."""
+        rules = self.rules(trace, model)
         with self.timers.timed("checks"):
-            policy = logprob_policy(trace.target, self.opts.logprob_tol, self.opts.logprob_tol_card)
-            return compare_logprobs(reference, trace, policy).verdict()
+            return compare_logprobs(reference, trace, rules.logprob).verdict()
+
+    def check_distribution(self, model: Model, scenario: Scenario, trace: Trace,
+                           reference: Trace) -> list[Verdict]:
+        """Distribution distance: at every compared position the device's top-k distribution
+        is within the KL its precision allows of the reference's (free run, and the
+        teacher-forced run where the trace has one)."""
+        rules = self.rules(trace, model)
+        with self.timers.timed("checks"):
+            verdicts = [compare_distributions(reference, trace, rules.distribution).verdict()]
+            if trace.forced:
+                verdicts.append(compare_distributions(reference, trace, rules.distribution,
+                                                      forced=True).verdict())
+        return verdicts
 
     def check_forced(self, model: Model, scenario: Scenario, trace: Trace,
                      reference: Trace) -> list[Verdict]:
@@ -326,10 +358,9 @@ class HilSession:
             self.agreement.unsupported(trace.target, model.label, why)
             if reason:
                 return [Verdict.passed(FORCED_TOKENS, why)]
+        rules = self.rules(trace, model)
         with self.timers.timed("checks"):
-            near_tie = self._near_tie_policy(trace)
-            policy = logprob_policy(trace.target, self.opts.logprob_tol, self.opts.logprob_tol_card)
-            forced = compare_forced(reference, trace, near_tie, policy)
+            forced = compare_forced(reference, trace, rules.near_tie, rules.logprob)
             verdicts = forced.verdicts()
         self.agreement.add(trace.target, model.label, forced)
         self.listeners.on_forced(scenario, reference, trace, forced)
@@ -358,11 +389,14 @@ class HilSession:
             self.listeners.on_verdict(v, trace)
         for v in verdicts:
             if not v.ok:
-                result = self.triage.failed(self.current_test, v, trace)
+                untriaged = self.triage.refused(v, trace)
+                result = None if untriaged else self.triage.failed(self.current_test, v, trace)
                 if result is not None:
                     self.timers.add("triage", result.seconds)
                     self.listeners.on_triage(result)
                     v = with_triage(v, result)
+                elif untriaged:
+                    v = with_untriaged(v, untriaged)
                 raise VerdictFailed(v)
 
     def expect_failure(self, verdict: Verdict, mentioning: str = "",
@@ -395,6 +429,7 @@ class HilSession:
             leases=[lease.describe() for lease in self.leases.held.values()] if self.leases else [],
             hygiene=asdict(self.hygiene.stats),
             triage=[r.to_dict() for r in self.triage.results],
+            calibrations=list(self.precision.used.values()),
         )
 
     def write_stats(self, worker: str) -> Path:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from harness.core.config import EngineConfig
     from harness.core.triage import TriageResult
     from harness.scenario.prompts import Scenario
+    from harness.session.precision import Rules
 
 log = logging.getLogger("harness")
 
@@ -58,6 +59,10 @@ class SessionListener:
 
     def on_triage(self, result: TriageResult) -> None:
         """A failed verdict of the running test was triaged (harness.triage)."""
+
+    def on_rules(self, trace: Trace, rules: Rules) -> None:
+        """``trace`` is judged by ``rules`` (its precision's policies, and the calibration
+        they came from where it computes in fp16 or bf16)."""
 
 
 class Listeners(SessionListener):
@@ -116,3 +121,6 @@ class Listeners(SessionListener):
 
     def on_triage(self, result: TriageResult) -> None:
         self._each(lambda x: x.on_triage(result), "triage")
+
+    def on_rules(self, trace: Trace, rules: Rules) -> None:
+        self._each(lambda x: x.on_rules(trace, rules), "rules")

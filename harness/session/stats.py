@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -53,6 +55,9 @@ class SessionStats:
     hygiene: dict[str, Any] = field(default_factory=dict)
     # Failed verdicts re-run under varied conditions (harness.core.triage.TriageResult dicts).
     triage: list[dict[str, Any]] = field(default_factory=list)
+    # The calibrations reduced-precision traces were judged by: the model, then
+    # harness.calibration.thresholds.Thresholds.to_dict().
+    calibrations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def engines_started(self) -> int:
@@ -61,3 +66,14 @@ class SessionStats:
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape the terminal summary reads."""
         return {"engines_started": self.engines_started, **asdict(self)}
+
+
+def stats_values(stats_dir: Path, key: str) -> list[Any]:
+    """The value of ``key`` in each pytest worker's stats file (none if there are none)."""
+    values = []
+    for f in sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []:
+        try:
+            values.append(json.loads(f.read_text()).get(key) or {})
+        except (OSError, ValueError, AttributeError):
+            continue
+    return values

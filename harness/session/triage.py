@@ -84,6 +84,15 @@ class TriageDesk:
     def referenced(self, scenario: Scenario, reference: Trace) -> None:
         self._refs[scenario.name] = reference
 
+    def refused(self, verdict: Verdict, trace: Trace | None) -> str | None:
+        """Why a failure that triage would re-run is left untriaged by ``--triage-max`` or
+        ``--triage-budget`` (said in its text, so nobody waits for a triage that never ran);
+        None when it is triaged, not a triaged check, or triage is off."""
+        if trace is None or not triaged(verdict.check) or id(trace) not in self._runs:
+            return None
+        budget = self.runner.budget
+        return budget.refusal() if budget.enabled else None
+
     def failed(self, nodeid: str, verdict: Verdict, trace: Trace | None) -> TriageResult | None:
         """Triage ``verdict`` (failed on ``trace``) when it is a triaged check of a run this
         test made and the budget allows; the result, or None."""
@@ -98,6 +107,11 @@ class TriageDesk:
         result = self.runner.triage(nodeid, run, facts_of(ran.cfg))
         self.results.append(result)
         return result
+
+
+def with_untriaged(verdict: Verdict, why: str) -> Verdict:
+    """``verdict`` whose text ends with why it was not triaged."""
+    return replace(verdict, details=f"{verdict.details or verdict.why}\n\ntriage: {why}")
 
 
 def with_triage(verdict: Verdict, result: TriageResult) -> Verdict:

@@ -119,6 +119,9 @@ class TargetVariant:
     # Runs only where a test's hil_targets or --target names its mode or id (a control of a
     # few suites, not a copy of every one).
     opt_in: bool = False
+    # Runs only in tests carrying one of these markers (a suite's marker, e.g. token_equality);
+    # empty: in every test its target runs in.
+    suites: tuple[str, ...] = ()
 
     @property
     def platform_marker(self) -> str:
@@ -183,9 +186,10 @@ class TargetKind:
     # to: a backend of this kind, or the kind's name for all its engines.
     start_timeouts: ClassVar[dict[str, float]] = {}
     near_tie_tolerances: ClassVar[tuple[NearTieTolerance, ...]] = ()
-    # Backends that compute in a lower precision (fp16/bf16) than the fp32 reference: their
-    # logprob closeness takes the card tolerance (harness.checks.logprobs.TOL_CARD).
-    reduced_precision_backends: ClassVar[tuple[str, ...]] = ()
+    # Backends that compute in a lower precision than the fp32 reference, and which ("fp16",
+    # "bf16"): their checks judge by that precision's calibrated noise (harness.calibration,
+    # harness.session.precision); every other backend computes in fp32.
+    backend_precisions: ClassVar[dict[str, str]] = {}
     # Prefixes of the variables this kind's stack reads when an engine is built, after the
     # fork (harness.engine.forkserver): a fork-server parent is not keyed on them.
     late_env_prefixes: ClassVar[tuple[str, ...]] = ()
@@ -213,9 +217,14 @@ class TargetKind:
         return cls.name
 
     @classmethod
+    def precision(cls, label: str) -> str:
+        """What the engine labelled ``label`` computes in: "fp32", "fp16" or "bf16"."""
+        return cls.backend_precisions.get(cls.backend_of(label), "fp32")
+
+    @classmethod
     def reduced_precision(cls, label: str) -> bool:
         """Whether the engine labelled ``label`` computes in a lower precision than fp32."""
-        return cls.backend_of(label) in cls.reduced_precision_backends
+        return cls.precision(label) != "fp32"
 
     @classmethod
     def join_reservation(cls, tkv: int, prompt_len: int, max_tokens: int,
@@ -289,9 +298,10 @@ class TargetKind:
     def validate(cls, cfg: EngineConfig) -> None:
         """Raise ConfigError naming the bad value of ``cfg`` and the fix."""
         if not cls.modes:
-            if cfg.mode is not None or cfg.backend is not None:
+            if cfg.mode is not None or (cfg.backend is not None and cfg.backend not in cls.backends):
+                takes = f"backend {' or '.join(cls.backends)}" if cls.backends else "backend"
                 raise ConfigError(
-                    f"target {cfg.target!r} takes no mode or backend (got mode={cfg.mode!r},"
+                    f"target {cfg.target!r} takes no mode and no {takes} (got mode={cfg.mode!r},"
                     f" backend={cfg.backend!r}); modes and backends are other kinds'"
                 )
             return
@@ -313,7 +323,8 @@ class TargetKind:
         ``base`` with the dtypes compared, stated in every diff, and where the backend computes
         in a lower precision its wider tolerance (``tols``: the ``--near-tie-tol-BACKEND``
         values given; a backend missing there gets its ``near_tie_tolerances`` default)."""
-        return replace(base, dtypes=f"reference fp32 (transformers on the CPU) vs device {MODEL_DTYPE}")
+        dtype = cls.precision(label) if cls.reduced_precision(label) else MODEL_DTYPE
+        return replace(base, dtypes=f"reference fp32 (transformers on the CPU) vs device {dtype}")
 
     @classmethod
     def device_env(cls, device: InventoryDevice, cache_dir: Path) -> dict[str, str]:

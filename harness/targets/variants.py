@@ -18,7 +18,9 @@ def select_variants(spec: str | None) -> list[TargetVariant]:
     """Variants named by ``--target``: ids or kinds, comma-separated; all when empty.
 
     ``spyre`` selects every spyre variant, ``spyre-eager`` the CPU-mode ones,
-    ``cb`` every continuous-batching one. An opt-in variant (``TargetVariant.opt_in``) is
+    ``cb`` every continuous-batching one; a variant's id selects that variant alone
+    (``vllm-cpu``: not ``vllm-cpu-bf16``, which ``-m cpu`` and a run without ``--target``
+    include). An opt-in variant (``TargetVariant.opt_in``) is
     selected only by its id or its mode.
     """
     if not spec:
@@ -29,11 +31,15 @@ def select_variants(spec: str | None) -> list[TargetVariant]:
                          " (or leave the option out to run all)")
     chosen: dict[str, TargetVariant] = {}
     for word in words:
+        # A variant's own id names that variant alone (vllm-cpu, not vllm-cpu-bf16 too);
+        # otherwise a kind or an id prefix names every variant under it.
+        named = any(v.id == word for v in VARIANTS.values())
         hits = [
             v
             for v in VARIANTS.values()
             if v.id == word or v.mode == word
-            or (not v.opt_in and (v.target == word or v.id.startswith(word + "-")))
+            or (not named and not v.opt_in
+                and (v.target == word or v.id.startswith(word + "-")))
         ]
         if not hits:
             kinds = ", ".join(k for k in engine_kinds() if KINDS[k].variants)

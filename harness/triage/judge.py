@@ -6,6 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from harness.checks.distribution import (
+    DISTRIBUTION_DISTANCE,
+    DISTRIBUTION_FORCED,
+    DistributionPolicy,
+    compare_distributions,
+)
 from harness.checks.forcing import compare_forced
 from harness.checks.ledger import check_ledger
 from harness.checks.logprobs import LogprobPolicy, compare_logprobs
@@ -25,8 +31,10 @@ from harness.core.verdict import (
 )
 
 # The checks triage re-runs: token equality (free and forced), the free run's greedy
-# self-consistency and logprob closeness (free and forced), and the KV ledger's invariants.
-TOKEN_CHECKS = (TOKEN_EQUALITY, FORCED_TOKENS, SELF_CONSISTENCY, LOGPROB_CLOSENESS, FORCED_LOGPROBS)
+# self-consistency, logprob closeness and distribution distance (free and forced), and the
+# KV ledger's invariants.
+TOKEN_CHECKS = (TOKEN_EQUALITY, FORCED_TOKENS, SELF_CONSISTENCY, LOGPROB_CLOSENESS, FORCED_LOGPROBS,
+                DISTRIBUTION_DISTANCE, DISTRIBUTION_FORCED)
 
 
 def triaged(check: str) -> bool:
@@ -42,6 +50,7 @@ class Policies:
 
     near_tie: Callable[[str], NearTiePolicy]
     logprob: Callable[[str], LogprobPolicy]
+    distribution: Callable[[str], DistributionPolicy]
 
 
 def only(trace: Trace, request_ids: Iterable[str]) -> Trace:
@@ -65,6 +74,9 @@ def judge(check: str, trace: Trace, reference: Trace | None, policies: Policies)
         return check_self_consistency(trace, greedy=True)
     if check == LOGPROB_CLOSENESS:
         return compare_logprobs(ref, trace, policies.logprob(label)).verdict()
+    if check in (DISTRIBUTION_DISTANCE, DISTRIBUTION_FORCED):
+        return compare_distributions(ref, trace, policies.distribution(label),
+                                     forced=check == DISTRIBUTION_FORCED).verdict()
     forced = compare_forced(ref, trace, policies.near_tie(label), policies.logprob(label))
     verdicts = [v for v in forced.verdicts() if v.check == check]
     return next((v for v in verdicts if not v.ok), Verdict.passed(check))

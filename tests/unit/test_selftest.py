@@ -52,6 +52,8 @@ def test_the_expected_categories_are_real_categories():
     samples = {
         "token mismatch": "harness.core.verdict.VerdictFailed: [check token_equality] token mismatch: vllm-cpu at position 5",
         "logprob drift": "harness.core.verdict.VerdictFailed: [check logprob_closeness] logprobs differ",
+        "distribution drift": "harness.core.verdict.VerdictFailed: [check distribution_distance]"
+                              " the device's distribution is farther from the reference's",
         "sampler not greedy": "harness.core.verdict.VerdictFailed: [check greedy_self_consistency]"
                               " greedy self-consistency: request r0 position 13 chose token 1",
         "block leak": "harness.core.verdict.VerdictFailed: [check kv_ledger.conservation] kv invariant conservation broken at step 3",

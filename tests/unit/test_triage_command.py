@@ -105,7 +105,9 @@ def test_without_a_triage_the_outcome_says_why(tmp_path, capsys):
     junit(tmp_path / "b", '<failure message="VerdictFailed: [check token_equality] x&#10;&#10;'
           'triage: not triaged: the triage budget of 5 s is spent (--triage-budget)"/>')
     assert report_outcome(NODE, tmp_path / "b", 1) == 1
-    assert "not triaged: not triaged: the triage budget of 5 s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "failed and was not triaged: the triage budget of 5 s is spent" in out
+    assert "not triaged: not triaged" not in out
 
 
 def test_a_node_id_pytest_does_not_know_is_bad_input(tmp_path, capsys):

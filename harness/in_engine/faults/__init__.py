@@ -11,7 +11,8 @@ Faults print a ``[hil] fault`` line to the engine log when they fire.
 Each fault is registered where it is defined (``@fault("NAME")``,
 ``harness.in_engine.fault_registry``), in a module per subsystem it patches: ``block_pool``
 (vLLM's block pool and KV cache managers), ``scheduler`` (preemptions and their counters,
-when a finished request's blocks are freed), ``logits`` (what the sampler sees), ``engine``
+when a finished request's blocks are freed), ``logits`` (what the sampler sees), ``kernels``
+(a model kernel's numbers, inside the forward pass), ``engine``
 (the engine process, its KV block count) and ``conditions`` (bugs that show under one
 condition of a run only, one per condition triage varies); a target kind's own faults live
 in its package, in the modules its ``fault_modules`` names,
@@ -31,6 +32,7 @@ from harness.in_engine.faults import (  # noqa: F401 - they register their fault
     block_pool,
     conditions,
     engine,
+    kernels,
     logits,
     scheduler,
 )

@@ -119,7 +119,7 @@ class NeuronTarget(VllmTarget):
     geometries = {"default": PoolGeometry(None)}
     # A Neuron start compiles the model for its cores before it serves.
     start_timeouts = {"neuron": 1800.0}
-    reduced_precision_backends = ("neuron",)  # the device computes bf16 against fp32
+    backend_precisions = {"neuron": "bf16"}  # the device computes bf16 against fp32
     late_env_prefixes = ("NEURON_",)
 
     @classmethod

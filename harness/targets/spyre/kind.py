@@ -148,7 +148,7 @@ class SpyreTarget(VllmTarget):
                          "the card computes fp16 against the fp32 reference"),
     )
     # What computes below the reference's fp32 (eager computes fp32 on the CPU).
-    reduced_precision_backends = tuple(b for b, dtype in DEVICE_DTYPES.items() if dtype != "fp32")
+    backend_precisions = {b: dtype for b, dtype in DEVICE_DTYPES.items() if dtype != "fp32"}
     # The card runtime's, and each plugin generation's own (read when the engine is built).
     late_env_prefixes = ("AIU_", "SPYRE_", "FLEX_", "DT_", *(g.env_prefix for g in GENERATIONS))
     refuses_small_pool = True  # the platform checks the pool it is given at start

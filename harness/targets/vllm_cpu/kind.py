@@ -18,7 +18,17 @@ class VllmCpuTarget(VllmTarget):
     chunks_prefill = True  # V1 chunks a prompt longer than max_num_batched_tokens
     order = 10
     device = CPU_DEVICE
-    variants = (TargetVariant("vllm-cpu", "vllm-cpu", None, None, ("cpu",)),)
+    # vllm-cpu-bf16 computes in bfloat16: a card's reduced precision on the CPU, judged by the
+    # calibrated bf16 noise (harness.calibration). Precision shows in the numbers, not in the
+    # KV blocks, so it runs the token-equality suite only.
+    variants = (
+        TargetVariant("vllm-cpu", "vllm-cpu", None, None, ("cpu",)),
+        TargetVariant("vllm-cpu-bf16", "vllm-cpu", "bf16", None, ("cpu",),
+                      suites=("token_equality",)),
+    )
+    backends = ("bf16",)
+    backend_help = "bf16 computes in bfloat16; without a backend the engine computes in float32"
+    backend_precisions = {"bf16": "bf16"}
     markers = {"cpu": "runs on this machine's CPU (vllm-cpu, spyre eager)"}
     plugin_preload = {
         "vllm.platforms.cpu": ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner"),
@@ -67,7 +77,8 @@ class VllmCpuTarget(VllmTarget):
         kw = super().llm_kwargs()
         # Synchronous scheduling: each engine step is complete when it returns,
         # so the scheduler and KV state read between steps is coherent.
-        kw.update(dtype="float32", enforce_eager=True, async_scheduling=False)
+        dtype = "bfloat16" if self.cfg.backend == "bf16" else "float32"
+        kw.update(dtype=dtype, enforce_eager=True, async_scheduling=False)
         return kw
 
 

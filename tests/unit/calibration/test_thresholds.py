@@ -38,7 +38,9 @@ def test_band_is_the_p99_and_limit_the_margin_over_the_max() -> None:
     t = MetricThreshold.from_sample("kl_topk", values)
     s = sorted(values)
     assert (t.n, t.p99, t.max) == (1000, s[989], s[-1])
-    assert t.band == t.p99 and t.limit == LIMIT_MARGIN * t.max
+    # KL is second order in a logit error: its margin is the square of the others'.
+    assert t.band == t.p99 and t.limit == LIMIT_MARGIN**2 * t.max
+    assert MetricThreshold.from_sample("chosen_logprob", values).limit == LIMIT_MARGIN * t.max
     assert sum(v > t.band for v in values) == 10  # 1 % of the sample over the band
     assert MetricThreshold.from_dict(t.to_dict()) == t
 

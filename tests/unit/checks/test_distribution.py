@@ -11,7 +11,9 @@ import pytest
 from harness.calibration.thresholds import MetricThreshold, Thresholds
 from harness.checks.distribution import (
     DISTRIBUTION_DISTANCE,
+    DISTRIBUTION_FORCED,
     DISTRIBUTION_UNRECORDED,
+    KL_FP32,
     DistributionPolicy,
     compare_distributions,
     step_kl,
@@ -90,6 +92,8 @@ def test_free_run_stops_at_the_first_differing_token_forced_run_goes_on() -> Non
     dev.forced["r0"] = RequestTrace("r0", PROMPT, forced_steps)
     v = compare_distributions(REF, dev, POLICY, forced=True).verdict()
     assert not v.ok and v.at == 5 and "teacher-forced" in v.why
+    assert v.check == DISTRIBUTION_FORCED and free.verdict().check == DISTRIBUTION_DISTANCE
+    assert classify("failed", v.message()) == "distribution drift"
 
 
 def test_nan_from_the_device_fails() -> None:
@@ -132,3 +136,22 @@ def test_a_run_fails_the_rate_when_no_request_does() -> None:
     ref, dev = Trace("cpu-ref", requests(0.8)), Trace("dev", requests(0.75))
     v = compare_distributions(ref, dev, POLICY).verdict()
     assert not v.ok and v.at is None and "20 of 80 positions over the band 0.005" in v.why
+
+
+def test_the_fp32_limit_passes_summation_noise_and_fails_a_percent_in_the_logits() -> None:
+    fp32 = DistributionPolicy(KL_FP32, source="fp32")
+    logits = [4.0, 2.5, 2.0, 1.0, 0.5, 0.0]
+
+    def table(scale: float, jitter: float = 0.0) -> dict[int, float]:
+        z = [x * scale + (jitter if i == 1 else 0.0) for i, x in enumerate(logits)]
+        norm = math.log(sum(math.exp(x) for x in z))
+        return {10 + i: x - norm for i, x in enumerate(z[:5])}
+
+    def dev(scale: float, jitter: float = 0.0) -> Trace:
+        t = table(scale, jitter)
+        return Trace("dev", {"r0": RequestTrace("r0", PROMPT, [TokenStep(10, t[10], t)])})
+
+    ref = dev(1.0)
+    assert compare_distributions(ref, dev(1.0, 2e-5), fp32).verdict().ok
+    moved = compare_distributions(ref, dev(1.03), fp32).verdict()
+    assert not moved.ok and "KL limit 0.0001 nats (fp32)" in moved.details

@@ -259,3 +259,70 @@ def test_the_report_plots_forced_runs_and_falls_back_to_the_free_run() -> None:
     run.forced = None  # a stack that cannot force: the free run's compared positions
     svg = deviation_plot_of(run, "t")
     assert svg.startswith("<svg") and "(0 disagreements)" in svg
+
+
+# -- calibrated (reduced-precision) policies -------------------------------------------------
+
+
+def calibrated(limit: float = 0.5, band: float = 0.05) -> LogprobPolicy:
+    return LogprobPolicy(limit, "bf16", band=band, source="calibrated bf16, 348 positions")
+
+
+def drifted(positions: list[int], p: float = 0.8, rid: str = "r0",
+            tokens: list[int] = TOKENS) -> tuple[Trace, Trace]:
+    """Reference at p=0.9, the device at ``p`` at ``positions``: 0.118 nats each (p=0.8)."""
+    ref = trace("ref", tokens, rid=rid)
+    dev = trace("vllm-cpu-bf16", tokens, rid=rid)
+    for i in positions:
+        dev.requests[rid].steps[i] = step(tokens[i], confident(tokens[i], p))
+    return ref, dev
+
+
+def test_calibrated_policy_allows_a_few_positions_over_the_band() -> None:
+    # 6 positions: two may be over the band (1 % per position, alpha 1e-3).
+    assert calibrated().allowed(6) == 2
+    ref, dev = drifted([2, 4])
+    v = compare_logprobs(ref, dev, calibrated()).verdict()
+    assert v.ok and "band=0.05" in v.why and "calibrated bf16" in v.why
+
+
+def test_calibrated_policy_fails_a_request_with_too_many_positions_over_the_band() -> None:
+    ref, dev = drifted([1, 3, 5])
+    v = compare_logprobs(ref, dev, calibrated()).verdict()
+    assert not v.ok and v.at == 1
+    assert "over the band 0.05 nats at more positions than noise allows" in v.why
+    assert "request r0: 3 of 6 positions over the band 0.05, 2 allowed" in v.details
+    assert classify("failed", v.message()) == "logprob drift"
+
+
+def test_calibrated_policy_fails_any_position_over_the_limit() -> None:
+    ref, dev = drifted([4], p=0.3)  # 1.1 nats at one position
+    v = compare_logprobs(ref, dev, calibrated()).verdict()
+    assert not v.ok and v.at == 4 and "beyond 0.5 nats" in v.why
+
+
+def test_calibrated_policy_fails_a_run_whose_requests_each_stay_within_their_allowance() -> None:
+    # 40 requests of 6 positions, one position over the band in each: every request is within
+    # its allowance (2), the run of 240 positions allows 8.
+    ref, dev = Trace("ref"), Trace("vllm-cpu-bf16")
+    for i in range(40):
+        r, d = drifted([i % 6], rid=f"r{i}")
+        ref.requests.update(r.requests)
+        dev.requests.update(d.requests)
+    policy = calibrated()
+    assert policy.allowed(240) < 40
+    v = compare_logprobs(ref, dev, policy).verdict()
+    assert not v.ok and v.at is None
+    assert f"40 of 240 positions, {policy.allowed(240)} allowed" in v.why
+
+
+def test_calibrated_policy_comes_from_the_thresholds() -> None:
+    from harness.calibration.thresholds import MetricThreshold, Thresholds
+
+    metric = MetricThreshold.from_sample("chosen_logprob", [0.001 * i for i in range(1, 101)])
+    th = Thresholds("h", "bf16", {}, 100, 0.0, {"chosen_logprob": metric})
+    p = LogprobPolicy.from_thresholds(th, "bf16")
+    assert (p.tol, p.band) == (pytest.approx(0.3), pytest.approx(0.099))
+    assert "calibrated bf16, 100 positions" in p.describe()
+    with pytest.raises(ValueError, match="band"):
+        LogprobPolicy(0.5, band=-1.0)

@@ -2,6 +2,8 @@
 
 import json
 
+from tests.suite_runner import Reporter, config_for
+
 
 def test_run_summary_names_bad_reference_entries(tmp_path):
     from harness.session.facade import HilSession, SessionOptions
@@ -12,23 +14,7 @@ def test_run_summary_names_bad_reference_entries(tmp_path):
     assert json.loads(path.read_text())["reference_bad"] == ["x.json: wrong shape; recomputed"]
     from harness.plugin.summary import write_summary
 
-    class Reporter:
-        stats: dict = {}
-        lines: list[str] = []
-
-        def section(self, title):
-            self.lines.append(title)
-
-        def write_line(self, line, **markup):
-            self.lines.append(line)
-
-    class Config:
-        option = type("Option", (), {})()
-
-        def getoption(self, name):
-            return {"--hil-reports-dir": str(tmp_path), "--stack": "default"}[name]
-
     tr = Reporter()
-    write_summary(tr, Config())
+    write_summary(tr, config_for(tmp_path))
     assert "reference cache: 1 bad entry recomputed" in tr.lines
     assert "  bad entry: x.json: wrong shape; recomputed" in tr.lines

@@ -3,14 +3,10 @@ the table attached) and summary.md, from a real pytest run; the terminal summary
 workers' statistics files, older ones without the key included."""
 
 import json
-import os
-import subprocess
-import sys
 
-from harness.core.paths import REPO_ROOT
 from harness.plugin.summary import write_summary
 from tests.bad_input import write
-from tests.suite_runner import CHECKOUT_PLUGINS
+from tests.suite_runner import Reporter, config_for, run_with_allure
 from tests.unit.report.test_triage_report import BATCH_VERDICT, batching_result
 
 TRIAGED_SUITE = '''
@@ -37,12 +33,7 @@ def test_a_triaged_failure_carries_its_labels_description_and_table(tmp_path):
     result = batching_result("test_triaged.py::test_triaged")
     suite = write(tmp_path, "test_triaged.py",
                   f"RESULT = {result.to_dict()!r}\n" + TRIAGED_SUITE)
-    results = tmp_path / "allure-results"
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *CHECKOUT_PLUGINS,
-           f"--alluredir={results}", f"--hil-reports-dir={tmp_path / 'reports'}",
-           f"--hil-cache-dir={tmp_path / 'cache'}", str(suite)]
-    run = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
-                         capture_output=True, text=True, timeout=300)
+    run, results = run_with_allure(tmp_path, suite)
     assert run.returncode == 1, run.stdout + run.stderr
     tests = {t["name"]: t for t in load_results(results).tests}
     failed, passed = tests["triaged"], tests["passes"]
@@ -60,28 +51,6 @@ def test_a_triaged_failure_carries_its_labels_description_and_table(tmp_path):
     assert "triage" not in labels_of(passed)
     md = write_summary_md(results, tmp_path / "summary.md")
     assert f"| `test_triaged.py::test_triaged` | token_equality | {BATCH_VERDICT} | 3 |" in md
-
-
-class Reporter:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.stats: dict = {}
-
-    def section(self, title):
-        self.lines.append(title)
-
-    def write_line(self, line, **markup):
-        self.lines.append(line)
-
-
-def config_for(reports):
-    class Config:
-        option = type("Option", (), {})()
-
-        def getoption(self, name):
-            return {"--hil-reports-dir": str(reports), "--stack": "default"}[name]
-
-    return Config()
 
 
 def stats(**extra) -> dict:

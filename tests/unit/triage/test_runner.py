@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from harness.checks.capacity import KvPool
+from harness.checks.distribution import KL_FP32, DistributionPolicy
 from harness.checks.logprobs import LogprobPolicy
 from harness.core import triage as r
 from harness.core.comparison import NearTiePolicy
@@ -65,7 +66,8 @@ class FakeDriver:
         return KvPool(num_blocks=33, block_size=16, pad_blocks=1, source="fake")
 
 
-POLICIES = Policies(lambda label: NearTiePolicy(), lambda label: LogprobPolicy(0.01))
+POLICIES = Policies(lambda label: NearTiePolicy(), lambda label: LogprobPolicy(0.01),
+                    lambda label: DistributionPolicy(KL_FP32))
 FACTS = Facts(prefix_on=False, chunks_prefill=True, sized_pool={}, previous="spyre-1.10")
 
 
