@@ -25,6 +25,7 @@ from typing import Any
 
 from harness.calibration.metrics import METRICS, UNITS
 from harness.calibration.thresholds import ALPHA, BAND_RATE, LIMIT_MARGIN
+from harness.report.markdown import md_cell
 from harness.session.stats import stats_values
 
 PANEL_W, PANEL_H, LEFT, TOP, GAP = 640, 110, 60, 30, 40
@@ -240,9 +241,6 @@ def calibrations_from_stats(stats_dir: Path) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ text
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
 
 def _percent(x: Any) -> str:
     v = _num(x)
@@ -289,7 +287,7 @@ def calibration_markdown(records: list[dict[str, Any]],
                   "|---|---|---|---|---|---|---|---|"]
         for metric in metric_names(r):
             t = r["metrics"].get(metric) or {}
-            lines.append(f"| {_cell(metric)} | {_cell(unit_of(r, metric))} | {t.get('n', '?')}"
+            lines.append(f"| {md_cell(metric)} | {md_cell(unit_of(r, metric))} | {t.get('n', '?')}"
                          f" | {_g(t.get('p50'))} | {_g(t.get('p99'))} | {_g(t.get('max'))}"
                          f" | {_g(t.get('band'))} | {_g(t.get('limit'))} |")
         lines.append("")

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.report.markdown import md_cell
 from harness.report.results import labels_of, message_of
 
 ROOT_CAUSE = "root_cause"
@@ -89,9 +90,6 @@ def group_by_root_cause(tests: list[dict[str, Any]]) -> list[RootCause]:
     return sorted(groups.values(), key=lambda g: order.get(g.culprit, len(order)))
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
 
 def hygiene_totals(stats: Iterable[dict[str, Any]]) -> dict[str, int]:
     """Restarts, probes and handovers summed over the workers' ``hygiene`` statistics."""
@@ -131,14 +129,14 @@ def root_cause_markdown(tests: list[dict[str, Any]], stats: list[dict[str, Any]]
         lines += ["No test left an engine dirty for the next.", ""]
         return "\n".join(lines)
     for g in groups:
-        own = f"{g.status}" + (f": {_cell(g.message)}" if g.message else "")
-        lines.append(f"- `{_cell(g.culprit)}` ({own}) left {_cell(g.dirt) or 'an engine dirty'}")
+        own = f"{g.status}" + (f": {md_cell(g.message)}" if g.message else "")
+        lines.append(f"- `{md_cell(g.culprit)}` ({own}) left {md_cell(g.dirt) or 'an engine dirty'}")
         for a in g.affected:
             if a.handling == "replaced":
                 what = f"ran on a fresh engine: {a.status}"
             else:
                 what = f"inherited the engine: {a.status}"
-            msg = f" ({_cell(a.message)})" if a.message and a.status not in ("passed",) else ""
-            lines.append(f"  - then `{_cell(a.name)}` {what}{msg}")
+            msg = f" ({md_cell(a.message)})" if a.message and a.status not in ("passed",) else ""
+            lines.append(f"  - then `{md_cell(a.name)}` {what}{msg}")
     lines.append("")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.report.categories import SKIPPED, classify
+from harness.report.markdown import md_cell
 
 STACK_GROUP = "stack without the feature"
 DEVICE_GROUP = "device missing"
@@ -161,9 +162,6 @@ def group_skips(cases: Iterable[Case], declared: Mapping[str, Iterable[str]]
     return out
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
 
 def skips_markdown(groups: Mapping[str, list[SkipReason]]) -> str:
     """The summary's section: per group its total, then reason | tests | stacks."""
@@ -177,7 +175,7 @@ def skips_markdown(groups: Mapping[str, list[SkipReason]]) -> str:
             continue
         lines += [f"### {group}: {sum(r.count for r in reasons)} test(s)", "",
                   "| reason | tests | stacks |", "|---|---|---|"]
-        lines += [f"| {_cell(r.reason)} | {r.count} | {', '.join(r.stacks)} |" for r in reasons]
+        lines += [f"| {md_cell(r.reason)} | {r.count} | {', '.join(r.stacks)} |" for r in reasons]
         lines.append("")
     return "\n".join(lines)
 
@@ -231,10 +229,10 @@ def matrix_markdown(rows: Sequence[Sequence[str]], suites: Sequence[str],
     lines = ["## Stacks, suites and targets", "",
              "| stack | target | " + " | ".join(suites) + " |",
              "|---|---|" + "---|" * len(suites)]
-    lines += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(md_cell(x) for x in row) + " |" for row in rows]
     if not rows:
         lines += ["", "No test case in any stack's junit file."]
-    lines += [""] + [f"- {_cell(m)}" for m in missing] + ([""] if missing else [])
+    lines += [""] + [f"- {md_cell(m)}" for m in missing] + ([""] if missing else [])
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ from harness.report.calibration_report import (
     write_calibration_svgs,
 )
 from harness.report.categories import SKIPPED, UNCLASSIFIED_FAILURE, category_names, classify
+from harness.report.markdown import md_cell
 from harness.report.results import ResultsFolder, labels_of, load_results, message_of, params_of
 from harness.report.root_cause import root_cause_markdown
 from harness.report.triage_report import TriageRow, rows_from_results, triage_markdown
@@ -118,9 +119,6 @@ def category_order(name: str) -> int:
     return names.index(name) if name in names else len(names)
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
 
 def summary_markdown(s: RunSummary, title: str = "vllm-hil run") -> str:
     order = ("passed", "failed", "broken", "skipped", "unknown")
@@ -139,20 +137,20 @@ def summary_markdown(s: RunSummary, title: str = "vllm-hil run") -> str:
                   "|---|---|---|---|---|---|"]
         for f in s.failed:
             lines.append(
-                f"| {_cell(f.category)} | `{_cell(f.name)}` | {_cell(f.target)} | {_cell(f.model)}"
-                f" | {_cell(f.device)} | {_cell(f.message)} |"
+                f"| {md_cell(f.category)} | `{md_cell(f.name)}` | {md_cell(f.target)} | {md_cell(f.model)}"
+                f" | {md_cell(f.device)} | {md_cell(f.message)} |"
             )
         lines.append("")
     elif s.total:
         lines += ["No failing tests.", ""]
     lines += triage_markdown(s.triage)
     if s.exposure:
-        lines += ["## Near-tie exposure", ""] + [f"- {_cell(e)}" for e in s.exposure] + [""]
+        lines += ["## Near-tie exposure", ""] + [f"- {md_cell(e)}" for e in s.exposure] + [""]
     if s.agreement:
         lines += ["## Teacher-forced agreement", "", *agreement_markdown(s.agreement)]
     lines += calibration_markdown(s.calibrations, s.calibration_links)
     if s.problems:
-        lines += ["## Results problems", ""] + [f"- {_cell(p)}" for p in s.problems] + [""]
+        lines += ["## Results problems", ""] + [f"- {md_cell(p)}" for p in s.problems] + [""]
     return "\n".join(lines)
 
 
@@ -168,7 +166,7 @@ def agreement_markdown(lines: list[str]) -> list[str]:
     others = [line for line in lines if line.strip() and not is_table_row(line)]
     out = table + [""] if len(table) > 2 else []
     if others:
-        out += [f"- {_cell(line)}" for line in others] + [""]
+        out += [f"- {md_cell(line)}" for line in others] + [""]
     return out
 
 

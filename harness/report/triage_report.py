@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.core.triage import TriageResult
+from harness.report.markdown import md_cell
 from harness.report.results import labels_of
 
 # Allure labels of a triaged failure. ``triage`` holds the verdict's key (one word of
@@ -107,9 +108,6 @@ def rows_from_stats(entries: Iterable[Any]) -> tuple[list[TriageRow], list[str]]
     return rows, bad
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
 
 def triage_markdown(rows: list[TriageRow]) -> list[str]:
     """summary.md's "Triage" section (no lines when nothing was triaged)."""
@@ -121,7 +119,7 @@ def triage_markdown(rows: list[TriageRow]) -> list[str]:
              " (the runs of each: its attachment \"triage\" in the report).", "",
              "| test | check | verdict | runs | s |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| `{_cell(r.test)}` | {_cell(r.check)} | {_cell(r.verdict)} | {r.runs} |"
+        lines.append(f"| `{md_cell(r.test)}` | {md_cell(r.check)} | {md_cell(r.verdict)} | {r.runs} |"
                      f" {r.seconds:.1f} |")
     return [*lines, ""]
 

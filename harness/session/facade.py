@@ -104,10 +104,11 @@ class HilSession:
         self.test_configs: dict[str, str] = {}  # test node id -> its first engine configuration
         # The rules each trace is judged by, from its engine's precision (calibrated noise for
         # fp16 and bf16; harness.session.precision).
-        given = {b: t for b, t in opts.near_tie_tols.items() if t is not None}
+        # The --near-tie-tol-BACKEND values given (None: not given).
+        self._near_tie_given = {b: t for b, t in opts.near_tie_tols.items() if t is not None}
         self.precision = PrecisionDesk(
             opts.near_tie, self._near_tie_of,
-            lambda label: kind_of_label(label).backend_of(label) in given,
+            lambda label: kind_of_label(label).backend_of(label) in self._near_tie_given,
             opts.logprob_tol, opts.logprob_tol_card, calibration_source(opts.cache_dir))
         self.refusal_expected = False  # set by expect_refusal() around a start the test expects to fail
         self._pool = EnginePool(PoolSettings(
@@ -320,8 +321,8 @@ class HilSession:
 
     def _near_tie_of(self, label: str) -> NearTiePolicy:
         """The kind's flat near-tie rule for ``label`` (its backend's tolerance, the dtypes)."""
-        given = {b: t for b, t in self.opts.near_tie_tols.items() if t is not None}
-        return kind_of_label(label).near_tie_policy(self.opts.near_tie, label, given)
+        return kind_of_label(label).near_tie_policy(self.opts.near_tie, label,
+                                                    self._near_tie_given)
 
     def check_logprobs(self, scenario: Scenario, trace: Trace, reference: Trace,
                        model: Model | None = None) -> Verdict:
