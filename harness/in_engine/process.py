@@ -134,6 +134,9 @@ class EngineSide:
             "block_size": vcfg.cache_config.block_size,
             "max_model_len": vcfg.model_config.max_model_len,
             "max_num_seqs": vcfg.scheduler_config.max_num_seqs,
+            # What the model computes in (torch.float32, torch.bfloat16): a target that asked
+            # for a precision checks it got it (a silent fp32 fallback would pass its checks).
+            "model_dtype": str(vcfg.model_config.dtype),
             "pid": os.getpid(),
             # None: teacher-forced requests run here; else why not.
             "teacher_forcing_unsupported": self.forcing_unsupported,

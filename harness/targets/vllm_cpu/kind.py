@@ -73,12 +73,24 @@ class VllmCpuTarget(VllmTarget):
         env["TORCH_COMPILE_DISABLE"] = "1"
         return env
 
+    def dtype(self) -> str:
+        """The dtype this engine asks vLLM for."""
+        return "bfloat16" if self.cfg.backend == "bf16" else "float32"
+
+    def check_started(self, info: dict[str, Any]) -> str | None:
+        """The engine computes in the dtype asked for: a bf16 engine that fell back to fp32
+        would pass the bf16 target's wider tolerances for the wrong reason."""
+        got = info.get("model_dtype")
+        if got != f"torch.{self.dtype()}":
+            return (f"asked vLLM for dtype {self.dtype()}, but the engine's model computes in"
+                    f" {got or 'an unreported dtype'}")
+        return None
+
     def llm_kwargs(self) -> dict[str, Any]:
         kw = super().llm_kwargs()
         # Synchronous scheduling: each engine step is complete when it returns,
         # so the scheduler and KV state read between steps is coherent.
-        dtype = "bfloat16" if self.cfg.backend == "bf16" else "float32"
-        kw.update(dtype=dtype, enforce_eager=True, async_scheduling=False)
+        kw.update(dtype=self.dtype(), enforce_eager=True, async_scheduling=False)
         return kw
 
 

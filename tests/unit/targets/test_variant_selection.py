@@ -51,3 +51,22 @@ def test_the_bf16_target_runs_the_token_equality_suite_only() -> None:
     bf16 = [i for i in ids if "vllm-cpu-bf16" in i]
     assert bf16 and all(i.startswith("suites/test_token_equality.py::") for i in bf16), out.stdout
     assert any("vllm-cpu-bf16" not in i and "test_block_freeing" in i for i in ids)
+
+
+def test_an_engine_that_does_not_compute_in_the_dtype_asked_for_is_refused() -> None:
+    """A bf16 engine that silently ran fp32 would pass the bf16 tolerances for the wrong
+    reason: the pool refuses it after start (``check_started``)."""
+    from harness.core.config import EngineConfig
+    from harness.targets import kind
+
+    def target(backend):
+        cfg = EngineConfig(target="vllm-cpu", backend=backend, model="m", max_model_len=256,
+                           max_num_seqs=2)
+        return kind("vllm-cpu")(cfg)
+
+    assert target("bf16").check_started({"model_dtype": "torch.bfloat16"}) is None
+    assert target(None).check_started({"model_dtype": "torch.float32"}) is None
+    why = target("bf16").check_started({"model_dtype": "torch.float32"})
+    assert why == "asked vLLM for dtype bfloat16, but the engine's model computes in torch.float32"
+    assert "unreported" in (target(None).check_started({}) or "")
+    assert target("bf16").llm_kwargs()["dtype"] == "bfloat16"
