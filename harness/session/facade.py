@@ -315,7 +315,7 @@ class HilSession:
         the precision its engine computes in (calibrated for fp16 and bf16, measured on first
         use: ``harness.session.precision``)."""
         with self.timers.timed("calibration"):
-            rules = self.precision.rules(trace.target, model)
+            rules = self.precision.rules(trace.target, model, trace.info)
         self.listeners.on_rules(trace, rules)
         return rules
 

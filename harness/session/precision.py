@@ -23,17 +23,18 @@ judged per label (``last``: triage judges its re-runs by them).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.calibration.thresholds import Thresholds
 from harness.checks.distribution import KL_FP32, DistributionPolicy
-from harness.checks.logprobs import LogprobPolicy
+from harness.checks.logprobs import LogprobPolicy, logprob_policy
 from harness.core.comparison import NearTiePolicy
 from harness.scenario.catalog import Model
-from harness.targets import kind_of_label, logprob_policy
+from harness.targets import kind_of_label
+from harness.targets.base import device_dtypes
 
 NEAR_TIE_METRIC = "topk_prob"
 # Both tokens of a flip move: the gap honest noise can close is twice one token's movement.
@@ -81,8 +82,11 @@ class PrecisionDesk:
         # measured), "units", and "near_tie_tol" (the calibrated near-tie tolerance).
         self.used: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def precision(self, label: str) -> str:
-        return kind_of_label(label).precision(label)
+    def precision(self, label: str, info: Mapping[str, Any] | None = None) -> str:
+        """What the engine of ``label`` computed in: its kind's reading of what the engine
+        reported (``info``, a trace's), else the backend's declaration."""
+        k = kind_of_label(label)
+        return k.precision(label) if info is None else k.trace_precision(label, info)
 
     def thresholds(self, model: Model, precision: str) -> Thresholds:
         key = (model.content_hash, precision)
@@ -96,14 +100,17 @@ class PrecisionDesk:
                 "near_tie_tol": calibrated_near_tie(self.base, th).prob_tol}
         return self._thresholds[key]
 
-    def rules(self, label: str, model: Model | None) -> Rules:
-        """The rules a trace labelled ``label`` of ``model`` is judged by; without a model
-        (a caller that has none) the last rules of that label, else the flat ones."""
+    def rules(self, label: str, model: Model | None,
+              info: Mapping[str, Any] | None = None) -> Rules:
+        """The rules a trace labelled ``label`` of ``model`` is judged by, ``info`` being what
+        its engine reported (the precision it computed in, where its kind reads that); without
+        a model (a caller that has none) the last rules of that label, else the flat ones."""
+        precision = self.precision(label, info)
         if model is None:
-            return self._last.get(label) or self._flat(label)
-        key = (label, model.content_hash)
+            return self._last.get(label) or self._flat(label, precision)
+        key = (label, model.content_hash, precision)
         if key not in self._rules:
-            self._rules[key] = self._make(label, model)
+            self._rules[key] = self._make(label, model, precision)
         self._last[label] = self._rules[key]
         return self._rules[key]
 
@@ -111,19 +118,21 @@ class PrecisionDesk:
         """The rules of the last trace labelled ``label`` judged (triage judges by them)."""
         return self.rules(label, None)
 
-    def _flat(self, label: str) -> Rules:
+    def _flat(self, label: str, precision: str) -> Rules:
         """The rules without a calibration: the fp32 ones, or for a reduced precision the
         flat card tolerances and no distribution limit (only a calibration gives one)."""
-        precision = self.precision(label)
         distribution = (DistributionPolicy(KL_FP32, source="fp32") if precision == "fp32" else
                         DistributionPolicy(math.inf, source=f"{precision} without a calibration"))
-        return Rules(self._near_tie_of(label),
-                     logprob_policy(label, self.logprob_tol, self.logprob_tol_card),
-                     distribution, precision)
+        near_tie = self._near_tie_of(label)
+        if precision != self.precision(label):  # the engine reported another than declared
+            near_tie = replace(near_tie, dtypes=device_dtypes(precision))
+        backend = kind_of_label(label).backend_of(label)
+        logprob = logprob_policy(backend, precision != "fp32", self.logprob_tol,
+                                                 self.logprob_tol_card)
+        return Rules(near_tie, logprob, distribution, precision)
 
-    def _make(self, label: str, model: Model) -> Rules:
-        flat = self._flat(label)
-        precision = self.precision(label)
+    def _make(self, label: str, model: Model, precision: str) -> Rules:
+        flat = self._flat(label, precision)
         if precision == "fp32":
             return flat
         th = self.thresholds(model, precision)

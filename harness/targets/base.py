@@ -52,6 +52,14 @@ OFFLINE_ENV = {
 
 # What a device computes in where its kind says nothing else (vLLM loads our fp32 checkpoints).
 MODEL_DTYPE = "the model's dtype (fp32)"
+# The precisions the checks know, by the torch dtype an engine reports (``model_dtype``).
+PRECISION_OF_DTYPE = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
+
+
+def device_dtypes(precision: str) -> str:
+    """The near-tie policy's statement of the dtypes compared, for a device in ``precision``."""
+    dtype = MODEL_DTYPE if precision == "fp32" else precision
+    return f"reference fp32 (transformers on the CPU) vs device {dtype}"
 
 
 @dataclass(frozen=True)
@@ -222,6 +230,13 @@ class TargetKind:
         return cls.backend_precisions.get(cls.backend_of(label), "fp32")
 
     @classmethod
+    def trace_precision(cls, label: str, info: Mapping[str, Any]) -> str:
+        """What the engine that recorded a trace computed in, ``info`` being what it reported
+        about itself: the backend's declaration (``precision``). A kind whose engines' dtype
+        is decided elsewhere (a lab inventory) reads the engine's report instead."""
+        return cls.precision(label)
+
+    @classmethod
     def reduced_precision(cls, label: str) -> bool:
         """Whether the engine labelled ``label`` computes in a lower precision than fp32."""
         return cls.precision(label) != "fp32"
@@ -323,8 +338,7 @@ class TargetKind:
         ``base`` with the dtypes compared, stated in every diff, and where the backend computes
         in a lower precision its wider tolerance (``tols``: the ``--near-tie-tol-BACKEND``
         values given; a backend missing there gets its ``near_tie_tolerances`` default)."""
-        dtype = cls.precision(label) if cls.reduced_precision(label) else MODEL_DTYPE
-        return replace(base, dtypes=f"reference fp32 (transformers on the CPU) vs device {dtype}")
+        return replace(base, dtypes=device_dtypes(cls.precision(label)))
 
     @classmethod
     def device_env(cls, device: InventoryDevice, cache_dir: Path) -> dict[str, str]:

@@ -169,8 +169,10 @@ def compiled_artifacts_dir(cache_root: Path, cfg: EngineConfig, llm_kwargs: Mapp
     return cache_root / "neuron-compiled" / f"{Path(cfg.model).name}-{digest}"
 
 
-def check_engine_info(info: Mapping[str, Any], cores: str | None) -> str | None:
-    """After start: why the engine is not vllm-neuron's platform on the leased cores, or None."""
+def check_engine_info(info: Mapping[str, Any], cores: str | None,
+                      dtype: str | None = None) -> str | None:
+    """After start: why the engine is not vllm-neuron's platform on the leased cores computing
+    in ``dtype`` (the inventory's, when given), or None."""
     platform = f"{info.get('platform_module', '?')}.{info.get('platform', '?')}"
     if platform != "vllm_neuron.platform.NeuronPlatform":
         return (
@@ -183,6 +185,13 @@ def check_engine_info(info: Mapping[str, Any], cores: str | None) -> str | None:
         return (
             f"the engine process has {CORES_ENV}={seen!r}, but the lease gave cores {cores!r}:"
             " the engine may run on another lease's cores"
+        )
+    got = info.get("model_dtype")
+    if dtype is not None and got != f"torch.{dtype}":
+        return (
+            f"the inventory gives the device engine.dtype {dtype}, but the engine's model computes"
+            f" in {got or 'an unreported dtype'}: its trace would be judged by the wrong"
+            " precision's tolerances"
         )
     return None
 

@@ -9,13 +9,20 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from harness.core.config import ConfigError
 from harness.core.devices import DeviceScan, InventoryDevice
 from harness.core.paths import REPO_ROOT
 from harness.stacks.spec import load_stack, stack_status
-from harness.targets.base import OFFLINE_ENV, DeviceKind, PoolGeometry, TargetVariant, VllmTarget
+from harness.targets.base import (
+    OFFLINE_ENV,
+    PRECISION_OF_DTYPE,
+    DeviceKind,
+    PoolGeometry,
+    TargetVariant,
+    VllmTarget,
+)
 from harness.targets.neuron.config import (
     CORES_ENV,
     DEVICE_ENGINE_ENV,
@@ -119,8 +126,14 @@ class NeuronTarget(VllmTarget):
     geometries = {"default": PoolGeometry(None)}
     # A Neuron start compiles the model for its cores before it serves.
     start_timeouts = {"neuron": 1800.0}
-    backend_precisions = {"neuron": "bf16"}  # the device computes bf16 against fp32
+    # The device computes in the dtype its inventory engine table gives (fp32 by default,
+    # often bf16): a trace is judged by the precision its engine reported (trace_precision).
+    backend_precisions: ClassVar[dict[str, str]] = {}
     late_env_prefixes = ("NEURON_",)
+
+    @classmethod
+    def trace_precision(cls, label: str, info: Mapping[str, Any]) -> str:
+        return PRECISION_OF_DTYPE.get(str(info.get("model_dtype")), cls.precision(label))
 
     @classmethod
     def engine_info(cls) -> dict[str, Any]:
@@ -189,7 +202,8 @@ class NeuronTarget(VllmTarget):
 
     def check_started(self, info: dict[str, Any]) -> str | None:
         cfg = self.cfg
-        return check_engine_info(info, self._cores()) or check_block_geometry(
+        dtype = settings_from_env(dict(cfg.extra_env)).dtype
+        return check_engine_info(info, self._cores(), dtype) or check_block_geometry(
             info, cfg.max_model_len, cfg.max_num_seqs, cfg.num_blocks_override)
 
 

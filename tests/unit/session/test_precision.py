@@ -61,12 +61,14 @@ def test_fp32_traces_keep_the_flat_rules_and_measure_nothing() -> None:
     assert src.calls == []
 
 
-@pytest.mark.parametrize(("label", "precision"), [
-    ("vllm-cpu-bf16", "bf16"), ("spyre-sendnn-cb", "fp16"), ("neuron", "bf16")])
-def test_reduced_precision_is_judged_by_its_calibration(label: str, precision: str) -> None:
+@pytest.mark.parametrize(("label", "info", "precision"), [
+    ("vllm-cpu-bf16", None, "bf16"), ("spyre-sendnn-cb", None, "fp16"),
+    ("neuron", {"model_dtype": "torch.bfloat16"}, "bf16")])
+def test_reduced_precision_is_judged_by_its_calibration(label: str, info: dict | None,
+                                                         precision: str) -> None:
     src = Source(scale=100.0)  # topk_prob max 20: the near-tie tolerance caps at 1
     d = desk(src)
-    rules = d.rules(label, MODEL)
+    rules = d.rules(label, MODEL, info)
     th = rules.calibration
     assert th is not None and rules.precision == precision
     lp = th.metrics["chosen_logprob"]
@@ -104,3 +106,20 @@ def test_without_a_model_the_last_rules_of_the_label_serve_triage() -> None:
     assert flat.distribution.limit == math.inf and "without a calibration" in flat.distribution.source
     judged = d.rules("vllm-cpu-bf16", MODEL)
     assert d.last("vllm-cpu-bf16") is judged
+
+
+def test_an_engine_whose_dtype_its_inventory_decides_is_judged_by_what_it_reported() -> None:
+    # A Neuron device computes in its inventory's engine.dtype (fp32 by default): the
+    # trace's engine report decides, not a declaration of the kind.
+    src = Source()
+    d = desk(src)
+    fp32 = d.rules("neuron", MODEL, {"model_dtype": "torch.float32"})
+    assert (fp32.precision, fp32.calibration) == ("fp32", None)
+    assert fp32.logprob.tol == TOL_FP32 and fp32.distribution.limit == KL_FP32
+    assert d.rules("neuron", MODEL, {}).precision == "fp32"  # nothing reported: the default
+    bf16 = d.rules("neuron", MODEL, {"model_dtype": "torch.bfloat16"})
+    assert bf16.precision == "bf16" and bf16.calibration is not None
+    assert "device bf16" in bf16.near_tie.describe()
+    assert src.calls == [(MODEL.label, "bf16")]
+    # A kind that declares its precision keeps it whatever the engine says of its config.
+    assert d.rules("spyre-eager-cb", MODEL, {"model_dtype": "torch.float16"}).precision == "fp32"

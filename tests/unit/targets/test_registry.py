@@ -139,7 +139,7 @@ def test_kinds_declare_precision_late_variables_and_pool_checks() -> None:
     assert targets.logprob_policy("spyre-eager-cb").backend == "eager"
     assert targets.logprob_policy("spyre-eager-cb").tol == 0.01
     assert targets.logprob_policy("default:spyre-sendnn-cp").tol == 0.5
-    assert targets.logprob_policy("neuron", tol_card=0.9).tol == 0.9
+    assert targets.logprob_policy("vllm-cpu-bf16", tol_card=0.9).tol == 0.9
     assert targets.logprob_policy("spyre-eager-cb", tol_fp32=0.2, tol_card=0.9).tol == 0.2
     prefixes = targets.late_env_prefixes()
     assert {"SENDNN_INFERENCE_", "VLLM_SPYRE_", "AIU_", "NEURON_"} <= set(prefixes)

@@ -109,6 +109,11 @@ def test_engine_info_check():
     assert wrong is not None and "vllm.platforms.cpu.CpuPlatform" in wrong
     cores = check_engine_info({**info, "visible_cores": "2-3"}, "0-1")
     assert cores is not None and "'2-3'" in cores and "'0-1'" in cores
+    assert check_engine_info({**info, "model_dtype": "torch.bfloat16"}, "0-1", "bfloat16") is None
+    dtype = check_engine_info({**info, "model_dtype": "torch.float32"}, "0-1", "bfloat16")
+    assert dtype is not None and "engine.dtype bfloat16" in dtype and "torch.float32" in dtype
+    unreported = check_engine_info(info, "0-1", "float32")
+    assert unreported is not None and "an unreported dtype" in unreported
 
 
 def test_target_env_keeps_compiled_artifacts_in_the_cache_and_needs_cores(tmp_path, monkeypatch):
@@ -127,10 +132,17 @@ def test_target_env_keeps_compiled_artifacts_in_the_cache_and_needs_cores(tmp_pa
 def test_target_checks_after_start():
     t = NeuronTarget(cfg(device="neuron0", extra_env=(("NEURON_RT_VISIBLE_CORES", "0-1"),)))
     info = {"platform_module": "vllm_neuron.platform", "platform": "NeuronPlatform",
-            "visible_cores": "0-1", "block_size": 256, "num_gpu_blocks": 5}
+            "visible_cores": "0-1", "block_size": 256, "num_gpu_blocks": 5,
+            "model_dtype": "torch.float32"}
     assert t.check_started(info) is None
     problem = t.check_started({**info, "num_gpu_blocks": 6})
     assert problem is not None and "added twice" in problem
+    # The inventory's engine.dtype travels in the lease; the engine must compute in it.
+    bf16 = NeuronTarget(cfg(device="neuron0", extra_env=(
+        ("NEURON_RT_VISIBLE_CORES", "0-1"), ("HIL_NEURON_ENGINE", '{"dtype": "bfloat16"}'))))
+    wrong = bf16.check_started(info)
+    assert wrong is not None and "engine.dtype bfloat16" in wrong
+    assert bf16.check_started({**info, "model_dtype": "torch.bfloat16"}) is None
 
 
 def test_stack_probe_names_device_and_stack():
