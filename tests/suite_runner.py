@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.plugin.outputs import RUN_BEGUN
 from harness.stacks.spec import stack_python
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,6 +127,7 @@ def config_for(reports: Path) -> object:
 
     class Config:
         option = type("Option", (), {})()
+        stash = {RUN_BEGUN: True}  # a run that reached its tests
 
         def getoption(self, name: str) -> str:
             return {"--hil-reports-dir": str(reports), "--stack": "default"}[name]

@@ -38,9 +38,10 @@ from harness.checks.logprobs import compare_logprobs
 from harness.core.serialise import snapshot_to_dict
 from harness.core.verdict import VerdictFailed
 from harness.plugin.activation import is_active
-from harness.plugin.invocation import is_worker, writes_nothing
+from harness.plugin.invocation import is_worker
 from harness.plugin.options import ALLURE, add_options, option_value
 from harness.plugin.ordering import shard_with_plan
+from harness.plugin.outputs import run_begun
 from harness.report import attachments as att
 from harness.report import triage_report
 from harness.report.calibration_report import calibration_svg, record_key, record_of, rules_text
@@ -86,11 +87,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.clean_alluredir = False
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    # Written at the start too, so a run killed before its end (a CI timeout) still
-    # leaves a report with its environment; rewritten at the end.
-    _write_config(session.config)
+def write_run_environment(config: pytest.Config) -> None:
+    """The run's environment, written as it begins (``harness.plugin.hooks``), so that a run
+    killed before its end (a CI timeout) still leaves a report with it; rewritten at the end."""
+    _write_config(config)
 
 
 @pytest.hookimpl(trylast=True)
@@ -99,7 +99,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _write_config(config: pytest.Config) -> None:
-    if not _active(config) or is_worker(config) or writes_nothing(config):
+    if not _active(config) or is_worker(config) or not run_begun(config):
         return
     try:
         run = RunOptions(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.plugin import engine_setup, ordering, outputs, selection, summary
+from harness.plugin import allure_report, engine_setup, ordering, outputs, selection, summary
 from harness.plugin.activation import active_because, is_active, register_fixtures
 from harness.plugin.options import HOOKS, add_options, check_settings
 
@@ -38,7 +38,6 @@ def pytest_configure(config: pytest.Config) -> None:
     engine_setup.check_stack(config)
     ordering.load_shard_and_quarantine(config)
     engine_setup.check_inventory(config)
-    outputs.clean_previous_outputs(config)
     outputs.end_on_sigterm(config)
 
 
@@ -57,9 +56,35 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         outputs.mark_time("collection_done")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    # Without xdist: the collection was accepted; a run with tests begins (see outputs.py).
+    config = session.config
+    if is_active(config) and session.items and config.pluginmanager.getplugin("dsession") is None:
+        begin_run(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    # The xdist controller: a worker accepted its collection and has tests (every worker
+    # collects the same; one that refused its collection reports none); none runs before.
+    config = getattr(node, "config", None)
+    if ids and config is not None and is_active(config):
+        begin_run(config)
+
+
+def begin_run(config: pytest.Config) -> None:
+    """Before the first test, once: the earlier run's outputs go, this run's environment is
+    written (a run refused before has touched neither)."""
+    if not outputs.run_begun(config):
+        outputs.begin_run(config)
+        allure_report.write_run_environment(config)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if is_active(session.config):
         outputs.write_timing(session.config)
+        ordering.usage_exit_of_refused_workers(session)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -139,7 +139,7 @@ def quarantine(config: pytest.Config, items: list[pytest.Item]) -> None:
                              other_ids=[*VARIANTS, *MODEL_SPECS])
     config.stash[QUARANTINE_CHECK_KEY] = check
     if check.unmatched and option_value(config, "--strict-quarantine"):
-        refusal = "--strict-quarantine: " + "; ".join(check.warnings())
+        refusal = STRICT_REFUSAL + "; ".join(check.warnings())
         if is_worker(config) and items:
             # xdist drops a worker's UsageError unseen: the worker runs nothing and stops the
             # session, which the controller reports with this reason.
@@ -150,6 +150,22 @@ def quarantine(config: pytest.Config, items: list[pytest.Item]) -> None:
         raise pytest.UsageError(refusal)
     for line in check.warnings():
         warn(config, f"quarantine: {line}", option_value(config, "--quarantine"))
+
+
+STRICT_REFUSAL = "--strict-quarantine: "
+
+
+def usage_exit_of_refused_workers(session: pytest.Session) -> None:
+    """On an xdist controller whose workers refused their collection under
+    --strict-quarantine: the run's exit code is pytest's usage error (4), as without xdist,
+    not the interruption (2) xdist ends it with. Nothing changes otherwise."""
+    dsession = session.config.pluginmanager.getplugin("dsession")
+    reason = str(getattr(dsession, "shouldstop", "") or "")
+    if reason.startswith(STRICT_REFUSAL) and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:  # the line a refusal without xdist prints
+            reporter.write_line(f"ERROR: {reason}", red=True)
 
 
 def quarantine_notes(config: pytest.Config) -> list[str]:

@@ -1,5 +1,8 @@
 """The run's output folders: the previous run's statistics (and, with --hil-clean-results,
-results) removed once the arguments are accepted, and the run's timing written at its end.
+results) removed when the run is about to run its first test (``begin_run``): not before, so a
+run refused at configure or at collection (a bad argument, a stale quarantine entry under
+--strict-quarantine, under xdist too) loses nothing of the earlier run and writes nothing
+(``run_begun``); and the run's timing written at its end.
 ``hil run`` gives pytest a fresh folder of its own, so it passes no --hil-clean-results; a
 direct pytest run with it empties its --alluredir as before.
 
@@ -36,11 +39,20 @@ def empty_folder(folder: Path) -> None:
             child.unlink(missing_ok=True)
 
 
-def clean_previous_outputs(config: pytest.Config) -> None:
-    if is_worker(config) or writes_nothing(config):
+RUN_BEGUN = pytest.StashKey[bool]()
+
+
+def run_begun(config: pytest.Config) -> bool:
+    """Whether this run reached its tests (``begin_run``): only such a run reports."""
+    return config.stash.get(RUN_BEGUN, False)
+
+
+def begin_run(config: pytest.Config) -> None:
+    """Once, before the first test runs (the controller alone): the earlier run's per-worker
+    statistics and broken-device records go, and with --hil-clean-results its results."""
+    if is_worker(config) or writes_nothing(config) or run_begun(config):
         return
-    # Only now that every argument is accepted: stale per-worker statistics and
-    # broken-device records of an earlier run must go, and (for hil run) the results.
+    config.stash[RUN_BEGUN] = True
     reports = Path(option_value(config, "--hil-reports-dir"))
     shutil.rmtree(reports / "stats", ignore_errors=True)
     shutil.rmtree(reports / "devices", ignore_errors=True)
@@ -56,7 +68,7 @@ def mark_time(event: str) -> None:
 def write_timing(config: pytest.Config) -> None:
     """REPORTS_DIR/timing.json: when the process, the session and its collection started and
     when the session finished (the benchmark's split of a run)."""
-    if is_worker(config) or writes_nothing(config):
+    if is_worker(config) or not run_begun(config):
         return
     mark_time("session_finish")
     _TIMES["process_start"] = psutil.Process().create_time()

@@ -17,9 +17,10 @@ from harness.checks.agreement import agreement_lines
 from harness.checks.exposure import exposure_lines
 from harness.engine.device_ledger import ledger_summary_lines
 from harness.lab.quarantine import quarantined_passes
-from harness.plugin.invocation import is_worker, writes_nothing
+from harness.plugin.invocation import is_worker
 from harness.plugin.options import option_value
 from harness.plugin.ordering import file_warnings, quarantine_notes
+from harness.plugin.outputs import run_begun
 from harness.report.calibration_report import calibration_terminal_lines, unique_calibrations
 from harness.report.root_cause import hygiene_lines
 from harness.report.triage_report import rows_from_stats, terminal_lines
@@ -92,8 +93,8 @@ class RunStats:
 
 
 def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
-    if is_worker(config) or writes_nothing(config):
-        return  # a collect-only run must not report the statistics of another run
+    if is_worker(config) or not run_begun(config):
+        return  # a collect-only or refused run must not report the statistics of another run
     warn_quarantined_passes(tr)
     warn_files(tr, config)
     stats_dir = Path(option_value(config, "--hil-reports-dir")) / "stats"

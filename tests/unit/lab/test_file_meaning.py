@@ -16,6 +16,7 @@ from harness.engine.order import RECORD, order_tests_by_engine_config, read_reco
 from harness.lab.inventory import InventoryError, load_inventory
 from harness.lab.quarantine import KnownFailure, judge_quarantine, load_quarantine
 from harness.lab.shard_plan import DurationsError, durations_for, load_durations, plan_shards
+from harness.plugin.outputs import RUN_BEGUN
 
 SPYRE = '[[device]]\nid = "{id}"\nkind = "spyre"\n'
 NEURON = '[[device]]\nid = "{id}"\nkind = "neuron"\n'
@@ -341,7 +342,9 @@ def fake_config(tmp_path: Path, verbose: int = 0):
         def getoption(self, name):
             return {"--hil-reports-dir": str(tmp_path), "--stack": "default"}[name]
 
-    return Config()
+    config = Config()
+    config.stash[RUN_BEGUN] = True  # a run that reached its tests: it reports
+    return config
 
 
 def test_an_unreadable_statistics_file_is_named_and_left_out(tmp_path):

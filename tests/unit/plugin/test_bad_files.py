@@ -1,7 +1,8 @@
 """Files whose shape is right but whose meaning is not, as a pytest run meets them: an
 inventory that gives one card twice, an address of the wrong form or a variable the harness
 sets itself is refused (exit 4); an entry of the quarantine that matches no collected test is
-refused under --strict-quarantine; a corrupt engine-order record or default durations file
+refused under --strict-quarantine (with xdist too, before the earlier run's outputs are
+touched); a corrupt engine-order record or default durations file
 is named and ignored (exit 0). Each loses nothing of an earlier run."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tests.unit.plugin.test_bad_arguments import SUITE, USAGE, Row, run_row
 
 CARD = INV + 'address = "0000:1a:00.0"\n'
 COLLECT = ["--collect-only", "--target", "vllm-cpu", "--model", "tiny-llama"]
+RUN = ["--target", "vllm-cpu", "--model", "tiny-llama", "-k", "test_greedy_tokens_equal_reference"]
 
 ROWS = [
     Row("inventory-one-address-twice", ["--inventory", "{inv.toml}"], USAGE,
@@ -32,6 +34,18 @@ ROWS = [
         ["--strict-quarantine: ", "q.toml: known #1 ('suites/test_token_equality.py::"
          "test_renamed[*]') matches no collected test: suites/test_token_equality.py has no test"
          " 'test_renamed'; fix its node id (was the test renamed?) or remove the entry"],
+        {"q.toml": f'[[known]]\ntest = "{SUITE}::test_renamed[*]"\nreason = "r"\nissue = "I-1"\n'}),
+    # A run meant to run tests (no --collect-only) is refused before it cleans anything.
+    Row("quarantine-entry-matches-nothing-strict-run",
+        ["--quarantine", "{q.toml}", "--strict-quarantine", *RUN],
+        USAGE, ["--strict-quarantine: ", "q.toml: known #1 ('suites/test_token_equality.py::"
+                "test_renamed[*]') matches no collected test"],
+        {"q.toml": f'[[known]]\ntest = "{SUITE}::test_renamed[*]"\nreason = "r"\nissue = "I-1"\n'}),
+    # Under xdist each worker refuses its collection; the run still ends a usage error (4).
+    Row("quarantine-entry-matches-nothing-strict-xdist",
+        ["--quarantine", "{q.toml}", "--strict-quarantine", "-n", "2", *RUN],
+        USAGE, ["--strict-quarantine: ", "q.toml: known #1 ('suites/test_token_equality.py::"
+                "test_renamed[*]') matches no collected test"],
         {"q.toml": f'[[known]]\ntest = "{SUITE}::test_renamed[*]"\nreason = "r"\nissue = "I-1"\n'}),
     Row("engine-order-record-corrupt", ["--hil-cache-dir", "{cache}", *COLLECT], 0,
         ["HilFileWarning: engine order: ", "engine-order.json: test 't' has configuration [1],"
