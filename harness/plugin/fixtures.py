@@ -16,6 +16,7 @@ from harness.lab.inventory import discover_inventory, load_inventory
 from harness.lab.lease_files import LeaseDirError
 from harness.lab.leases import LeaseManager, LeaseUnavailable
 from harness.plugin.options import option_value
+from harness.plugin.ordering import file_warnings
 from harness.session.facade import HilSession, Model, SessionOptions
 from harness.targets import kind, near_tie_tolerances
 from harness.targets.variants import TargetVariant
@@ -76,7 +77,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
     try:
         yield session
     finally:
-        session.write_stats(_worker_id(pytestconfig))
+        session.write_stats(_worker_id(pytestconfig), file_warnings(pytestconfig))
         save_record(cache_dir, session.test_configs)
         session.close()
 

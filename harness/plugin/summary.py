@@ -33,10 +33,12 @@ def warn_quarantined_passes(tr: pytest.TerminalReporter) -> None:
             yellow=True, bold=True)
 
 
-def warn_files(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """The files ignored and the quarantine entries that match nothing; with -v, the entries
-    this run could not judge."""
-    for line in file_warnings(config):
+def warn_files(tr: pytest.TerminalReporter, config: pytest.Config,
+               recorded: list[str] | None = None) -> None:
+    """The files ignored and the quarantine entries that match nothing, this process's and
+    those the workers ``recorded`` in their statistics (under xdist the workers collect),
+    each once; with -v, the entries this run could not judge."""
+    for line in dict.fromkeys([*file_warnings(config), *(recorded or [])]):
         tr.write_line(f"WARNING: {line}", yellow=True, bold=True)
     if getattr(config.option, "verbose", 0) > 0:
         for line in quarantine_notes(config):
@@ -70,6 +72,7 @@ class RunStats:
     hygiene: list[dict] = field(default_factory=list)
     triage: list[dict] = field(default_factory=list)  # harness.core.triage.TriageResult dicts
     calibrations: list[dict] = field(default_factory=list)  # SessionStats.calibrations
+    warnings: list[str] = field(default_factory=list)  # SessionStats.warnings
 
     def add(self, s: dict) -> None:
         self.engines += s["engines"]
@@ -90,17 +93,18 @@ class RunStats:
         if not isinstance(calibrations, list):
             raise TypeError(f"calibrations is a JSON {type(calibrations).__name__}, not a list")
         self.calibrations += calibrations
+        warnings = s.get("warnings") or []
+        if not isinstance(warnings, list):
+            raise TypeError(f"warnings is a JSON {type(warnings).__name__}, not a list")
+        self.warnings += [str(w) for w in warnings]
 
 
 def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
     if is_worker(config) or not run_begun(config):
         return  # a collect-only or refused run must not report the statistics of another run
     warn_quarantined_passes(tr)
-    warn_files(tr, config)
     stats_dir = Path(option_value(config, "--hil-reports-dir")) / "stats"
     files = sorted(stats_dir.glob("*.json")) if stats_dir.is_dir() else []
-    if not files:
-        return
     s = RunStats()
     unread: list[str] = []
     for f in files:
@@ -113,6 +117,9 @@ def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
             problem = f"{f}: not a statistics file of this harness ({e!r}); left out"
         if problem:
             unread.append(problem)
+    warn_files(tr, config, s.warnings)
+    if not files:
+        return
     tr.section("vllm-hil")
     for line in unread:
         tr.write_line(f"WARNING: {line}", yellow=True)

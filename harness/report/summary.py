@@ -184,10 +184,24 @@ def summary_text(tests: list[dict[str, Any]], problems: list[str], stats_dir: Pa
                                for key, name in figure_names(s.calibrations).items()
                                if (Path(figures) / name).is_file()}
     text = summary_markdown(s, title)
-    section = root_cause_markdown(tests, stats_values(stats_dir, "hygiene"))
-    if section:
-        text = text.rstrip("\n") + "\n\n" + section
+    for section in (root_cause_markdown(tests, stats_values(stats_dir, "hygiene")),
+                    warnings_markdown(stats_dir)):
+        if section:
+            text = text.rstrip("\n") + "\n\n" + section
     return text
+
+
+def warnings_markdown(stats_dir: Path) -> str:
+    """The summary's "Warnings" section: what the run warned of its own files and its
+    quarantine (an ignored engine-order record, an entry that matches no test), each once
+    (every xdist worker judges the same collection); empty when nothing was."""
+    lines: list[str] = []
+    for value in stats_values(stats_dir, "warnings"):
+        if isinstance(value, list):
+            lines += [str(v) for v in value if str(v) not in lines]
+    if not lines:
+        return ""
+    return "## Warnings\n\n" + "".join(f"- {md_cell(line)}\n" for line in lines)
 
 
 def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -433,11 +433,15 @@ class HilSession:
             calibrations=list(self.precision.used.values()),
         )
 
-    def write_stats(self, worker: str) -> Path:
+    def write_stats(self, worker: str, warnings: Sequence[str] = ()) -> Path:
+        """reports/stats/WORKER.json: this worker's record, with ``warnings`` (what the run
+        warned of its files and quarantine) for the summary."""
         out = self.opts.reports_dir / "stats"
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{worker}.json"
-        path.write_text(json.dumps(self.stats().to_dict(), indent=1))
+        stats = self.stats()
+        stats.warnings = list(warnings)
+        path.write_text(json.dumps(stats.to_dict(), indent=1))
         return path
 
     def close(self) -> None:

@@ -58,6 +58,9 @@ class SessionStats:
     # The calibrations reduced-precision traces were judged by: the model, then
     # harness.calibration.thresholds.Thresholds.to_dict().
     calibrations: list[dict[str, Any]] = field(default_factory=list)
+    # What the run warned of its own files and its quarantine (an ignored engine-order
+    # record, an entry that matches no test: harness.plugin.ordering), for summary.md.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def engines_started(self) -> int:

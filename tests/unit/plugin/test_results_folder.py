@@ -95,3 +95,29 @@ def test_sigterm_ends_a_direct_run_as_a_ctrl_c_does(tmp_path):
     assert proc.returncode == 2, out
     assert "KeyboardInterrupt" in out and "INTERNALERROR" not in out
     assert "1 passed" in out and junit.is_file()
+
+
+def test_the_runs_warnings_reach_its_summary(tmp_path):
+    """A quarantine entry that matches no test is said in the terminal summary and in
+    summary.md's "Warnings", once, with xdist too (each worker records it in its stats)."""
+    from harness.report.summary import write_summary
+
+    suite = write(tmp_path, "test_quick.py",
+                  "def test_quick(hil):\n    pass\n\ndef test_other(hil):\n    pass\n")
+    write(tmp_path, "q.toml", '[[known]]\ntest = "test_quick.py::test_gone"\nreason = "r"\n'
+                              'issue = "I-1"\n')
+    reports = tmp_path / "reports"
+    results = reports / "allure-results"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+           *CHECKOUT_PLUGINS, f"--alluredir={results}", f"--hil-reports-dir={reports}",
+           f"--quarantine={tmp_path / 'q.toml'}", str(suite)]
+    run = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, timeout=300)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    said = "known #1 ('test_quick.py::test_gone') matches no collected test"
+    assert f"WARNING: quarantine: {tmp_path / 'q.toml'}: {said}" in out, out
+    assert len(list((reports / "stats").glob("*.json"))) == 2
+    text = write_summary(results, reports / "summary.md")
+    section = text.split("## Warnings", 1)[1]
+    assert section.count(said) == 1, text

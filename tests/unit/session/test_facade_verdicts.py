@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.core.trace import Trace
@@ -97,6 +99,8 @@ def test_stats_record_keeps_the_summary_shape(tmp_path):
     data = hil.stats().to_dict()
     assert set(data) == {"engines_started", "engines", "reference_hits", "reference_misses", "reference_bad",
                          "near_ties", "timers", "exposure", "leases", "cards", "hygiene", "agreement",
-                         "triage", "calibrations"}
+                         "triage", "calibrations", "warnings"}
     assert data["engines_started"] == 0 and data["near_ties"] == ["vllm-cpu s request r0 position 3"]
     assert "checks" in data["timers"]
+    written = json.loads(hil.write_stats("gw0", ["quarantine: q: #1 matches nothing"]).read_text())
+    assert written["warnings"] == ["quarantine: q: #1 matches nothing"]
