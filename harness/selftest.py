@@ -85,6 +85,7 @@ CPU_CASES: tuple[Case, ...] = (
     Case("forget-free", "spyre-eager-cp", FREEING, "finish-back-to-idle", "block leak"),
     Case("forget-free-once", "spyre-eager-cp", FREEING, "finish-back-to-idle", "block leak"),
     Case("forget-free-each", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
+    Case("abort-keeps-blocks", "vllm-cpu", FREEING, "aborted-request", "block leak"),
     # vllm-spyre 1.x's CB runner (warmup reservations, its block pool): on its stack.
     Case("leak-warmup-block", "spyre-eager-cb", FREEING, "after_warmup", "block leak",
          stack=SPYRE_1X_STACK),

@@ -20,12 +20,16 @@ pytestmark = [
 
 LIMITS = EngineLimits(max_model_len=256, max_num_seqs=4, cp_chunk=128)
 
-# (prompt tokens, max_tokens, arrival step) per request
+# (prompt tokens, max_tokens, arrival step[, the step before which it is aborted]) per request
 SCENARIOS = {
     "single-request-decodes-alone": [(64, 40, 0)],
     "second-request-joins-while-first-decodes": [(64, 40, 0), (30, 20, 5)],
     "requests-finish-back-to-idle": [(30, 10, 0), (70, 25, 0), (10, 5, 2)],
     "over-max-num-seqs-queues-and-drains": [(20 + 15 * i, 12, 0) for i in range(6)],
+    # A client goes away: r0 is aborted mid-decode, with blocks it holds and blocks it will
+    # need (30 + 60 tokens: a second 64-token block, not yet allocated); the others go on
+    # and r2 arrives after the abort, into the blocks it gave back.
+    "aborted-request-gives-its-blocks-back": [(30, 60, 0, 6), (40, 20, 0), (50, 10, 8)],
 }
 
 
@@ -44,7 +48,8 @@ def test_blocks_return_to_the_pool(hil, model, target_variant, name):
     trace = hil.run_steps(engine, scenario)
 
     assert trace.idle_at_end, "the engine still had requests after the run"
-    hil.expect(hil.check_ledger(trace), hil.check_tokens(model, scenario, trace), trace=trace)
+    hil.expect(hil.check_ledger(trace), hil.check_aborts(scenario, trace),
+               hil.check_tokens(model, scenario, trace), trace=trace)
 
 
 def test_dummy_padding_blocks_are_taken_and_returned(hil, model, target_variant):

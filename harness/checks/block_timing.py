@@ -5,7 +5,9 @@ the ``vllm-scheduler`` snapshot taken after that step the request owns nothing. 
 that keeps a pool of its own (vllm-spyre 1.x and 0.x) hears of a finish one step later, in
 the next scheduler output (``StepRecord.delivered_finished``), and frees the blocks in that
 step. A free done one step late leaks nothing at idle and keeps every block owned (so
-conservation holds): only this timing shows it.
+conservation holds): only this timing shows it. A request aborted before a step
+(``StepRecord.aborted``: its client went away) is finished by the scheduler then: its blocks
+are free in the snapshot after that step, and a runner hears of it in that step's output.
 
 Preempted and paused requests are not finished and keep or drop their blocks by their own
 rules; warmup and padding requests (``is_dummy_id``) are left to the dummy checks. A request
@@ -25,7 +27,8 @@ NAME = "freed_on_finish"
 
 def _finished_here(record: StepRecord, s: KvSnapshot) -> list[str]:
     """The requests whose blocks ``s``'s pool must have freed by the end of ``record``'s step."""
-    ids = record.finished if s.source == SOURCE_VLLM_SCHEDULER else record.delivered_finished
+    ids = ([*record.finished, *record.aborted] if s.source == SOURCE_VLLM_SCHEDULER
+           else record.delivered_finished)
     dummies = set(s.dummy_ids)
     return [r for r in dict.fromkeys(ids) if not is_dummy_id(r) and r not in dummies]
 
@@ -64,8 +67,9 @@ def check_freed_on_finish(records: list[StepRecord], idle: set[int] | None = Non
                 late = (f"still held at step {until}, the last recorded" if kept
                         else f"given back at step {until}")
                 blocks = "[" + ", ".join(str(b) for b in held) + "]"
-                when = ("finished" if s.source == SOURCE_VLLM_SCHEDULER
-                        else "finished and its runner heard of it")
+                ended = "was aborted" if req_id in record.aborted else "finished"
+                when = (ended if s.source == SOURCE_VLLM_SCHEDULER
+                        else f"{ended} and its runner heard of it")
                 out.append(Violation(
                     NAME,
                     f"block timing: request {req_id} {when} at step {record.step} but still"

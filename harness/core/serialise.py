@@ -84,6 +84,7 @@ def step_from_dict(d: Mapping[str, Any]) -> StepRecord:
         running=ids("running"),
         waiting=ids("waiting"),
         finished=ids("finished"),
+        aborted=ids("aborted"),
         preempted=ids("preempted"),
         delivered_finished=ids("delivered_finished"),
         preemptions={str(k): int(v) for k, v in d.get("preemptions", {}).items()},

@@ -180,13 +180,15 @@ class StepRecord:
     ``step`` is -1 for the record taken after start-up. Ids are scenario request
     ids. ``preempted`` and ``delivered_finished`` come from the step's scheduler
     output; ``finished`` are the requests whose final output the step returned;
-    ``preemptions`` is each live request's preemption count so far.
+    ``aborted`` those the harness aborted (as a client that went away) just before
+    the step; ``preemptions`` is each live request's preemption count so far.
     """
 
     step: int
     running: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     delivered_finished: list[str] = field(default_factory=list)
     preemptions: dict[str, int] = field(default_factory=dict)

@@ -262,9 +262,12 @@ class EngineSide:
     def run_steps(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Drive requests through the engine one step at a time, recording each step.
 
-        Requests arrive at their ``arrival_step``; stepping goes on until the
-        scheduler has nothing left, including finished ids not yet delivered to
-        the runner, so the last step is the one where the runner frees them.
+        Requests arrive at their ``arrival_step``, and one with an ``abort_step`` is
+        aborted just before that step through the engine's own client call
+        (``LLMEngine.abort_request``, as a server does when a client goes away) if it is
+        still live then; stepping goes on until the scheduler has nothing left,
+        including finished ids not yet delivered to the runner, so the last step is the
+        one where the runner frees them.
         """
         # deferred: a heavy import, paid only where this runs
         from vllm import SamplingParams
@@ -313,6 +316,8 @@ class EngineSide:
             return snaps
 
         pending = sorted(payload["requests"], key=lambda r: int(r.get("arrival_step", 0)))
+        aborts = {str(r["request_id"]): int(r["abort_step"]) for r in payload["requests"]
+                  if r.get("abort_step") is not None}
         internal: dict[str, str] = {}  # engine request id -> scenario request id
         preemptions: dict[str, int] = {}
         finals: dict[str, Any] = {}
@@ -338,6 +343,10 @@ class EngineSide:
                     r["request_id"], {"prompt_token_ids": list(r["prompt_token_ids"])}, params
                 )
                 internal[str(rid or r["request_id"])] = r["request_id"]
+            live = {scenario_id(str(rid)) for rid in sched.requests}
+            aborted = sorted(rid for rid, at in aborts.items() if at == step and rid in live)
+            if aborted:
+                engine.abort_request(aborted)  # the client's ids; the engine maps its own
             n_sched = len(sched_outputs)
             outs = engine.step() if sched.has_requests() else []
             so = sched_outputs[-1] if len(sched_outputs) > n_sched else None
@@ -355,6 +364,7 @@ class EngineSide:
                     running=scenario_ids(r.request_id for r in sched.running),
                     waiting=scenario_ids(r.request_id for r in sched.waiting),
                     finished=finished_now,
+                    aborted=aborted,
                     preempted=sorted(scenario_ids(getattr(so, "preempted_req_ids", None))),
                     delivered_finished=sorted(scenario_ids(getattr(so, "finished_req_ids", None))),
                     preemptions={scenario_id(rid): int(getattr(req, "num_preemptions", 0))

@@ -73,6 +73,8 @@ QUARANTINE_SCHEMA: dict[str, Any] = {
                     "test": {"type": "string", "minLength": 1},
                     "reason": {"type": "string", "minLength": 1},
                     "issue": {"type": "string", "minLength": 1},
+                    "stacks": {"type": "array", "minItems": 1,
+                               "items": {"type": "string", "minLength": 1}},
                 },
             },
         },

@@ -26,6 +26,7 @@ from harness.lab.shard import parse_shard, shard_key
 from harness.lab.shard_plan import DurationsError, durations_for, group_items, plan_shards
 from harness.plugin.invocation import is_worker
 from harness.plugin.options import DEFAULT_QUARANTINE, option_value
+from harness.stacks.spec import list_stacks
 from harness.targets.variants import VARIANTS
 
 SHARD_KEY = pytest.StashKey[object]()
@@ -58,7 +59,8 @@ def load_shard_and_quarantine(config: pytest.Config) -> None:
         config.stash[SHARD_KEY] = parse_shard(option_value(config, "--shard"))
         quarantine = str(option_value(config, "--quarantine"))
         config.stash[QUARANTINE_KEY] = load_quarantine(
-            Path(quarantine), required=quarantine != str(DEFAULT_QUARANTINE))
+            Path(quarantine), required=quarantine != str(DEFAULT_QUARANTINE),
+            stacks=list_stacks())
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
 
@@ -130,13 +132,17 @@ def collected_items(config: pytest.Config, items: list[pytest.Item]) -> list[pyt
 def quarantine(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Quarantine ``items``; warn of entries that match no collected test (refuse them under
     --strict-quarantine), judged over the whole collection (quarantine.judge_quarantine)."""
-    known = config.stash.get(QUARANTINE_KEY, [])
+    stack = str(option_value(config, "--stack", "default") or "default")
+    known = [k for k in config.stash.get(QUARANTINE_KEY, []) if k.holds_on(stack)]
+    elsewhere = [k for k in config.stash.get(QUARANTINE_KEY, []) if not k.holds_on(stack)]
     apply_quarantine(items, known)
-    if not known:
+    if not known and not elsewhere:
         return
     check = judge_quarantine(known, [(i.nodeid, param_ids(i)) for i in
                                      collected_items(config, items)],
                              other_ids=[*VARIANTS, *MODEL_SPECS])
+    check.not_judged += [(k, f"it holds on stack(s) {', '.join(k.stacks)}, this run is on"
+                             f" {stack!r}") for k in elsewhere]
     config.stash[QUARANTINE_CHECK_KEY] = check
     if check.unmatched and option_value(config, "--strict-quarantine"):
         refusal = STRICT_REFUSAL + "; ".join(check.warnings())

@@ -11,7 +11,7 @@ the ``pool`` instead, where ``size`` may be ``max_num_seqs`` or
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,21 +25,26 @@ class Tokenizer(Protocol):
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request: prompt token ids, how many tokens to generate, when it arrives."""
+    """One request: prompt token ids, how many tokens to generate, when it arrives, and in
+    a step-driven run the step before which it is aborted (its client went away), if any."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     arrival_step: int = 0
     prompt_text: str = ""
+    abort_step: int | None = None
 
     def to_payload(self) -> dict[str, Any]:
-        return {
+        payload = {
             "request_id": self.request_id,
             "prompt_token_ids": list(self.prompt_token_ids),
             "max_tokens": self.max_tokens,
             "arrival_step": self.arrival_step,
         }
+        if self.abort_step is not None:
+            payload["abort_step"] = self.abort_step
+        return payload
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,15 @@ class Scenario:
 
     def prompts_by_id(self) -> dict[str, str]:
         return {r.request_id: r.prompt_text for r in self.requests}
+
+    def aborted_ids(self) -> list[str]:
+        """The requests a step-driven run aborts (``RequestSpec.abort_step``)."""
+        return [r.request_id for r in self.requests if r.abort_step is not None]
+
+    def completing(self) -> Scenario:
+        """This scenario without the requests it aborts: those that run to their end, which
+        token equality compares (an aborted request returns no output)."""
+        return replace(self, requests=[r for r in self.requests if r.abort_step is None])
 
 
 def prompt_of_length(tokenizer: Tokenizer, text: str, length: int) -> list[int]:
@@ -216,18 +230,20 @@ class PromptSet:
 def shaped_scenario(
     name: str,
     tokenizer: Tokenizer,
-    shapes: list[tuple[int, int, int]],
+    shapes: list[tuple[int, ...]],
     limits: EngineLimits,
     text: str = "Blocks of cached keys and values fill up as the batch decodes, step by step. ",
 ) -> Scenario:
-    """Requests of exact shapes: (prompt length in tokens, max_tokens, arrival step)."""
+    """Requests of exact shapes: (prompt length in tokens, max_tokens, arrival step), and
+    optionally a fourth value, the step before which the request is aborted."""
     requests = []
-    for i, (length, max_tokens, arrival) in enumerate(shapes):
+    for i, (length, max_tokens, arrival, *abort) in enumerate(shapes):
         ids = prompt_of_length(tokenizer, text + f"Request number {i}. ", length)
         requests.append(
             RequestSpec(
                 request_id=f"r{i}", prompt_token_ids=tuple(ids), max_tokens=max_tokens,
                 arrival_step=arrival, prompt_text=tokenizer.decode(ids),
+                abort_step=abort[0] if abort else None,
             )
         )
     tags = {"scenario": name, "batch_size": len(requests), "max_num_seqs": limits.max_num_seqs}

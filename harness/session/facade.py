@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from harness.checks.aborts import check_aborts
 from harness.checks.agreement import AgreementTally
 from harness.checks.capacity import KvPool
 from harness.checks.distribution import compare_distributions
@@ -282,6 +283,7 @@ class HilSession:
         accepted near-ties are kept for the run summary. When the device's own logprobs say a
         chosen token is not its top-1 (``_self_consistency``), that verdict is returned instead:
         a sampler error, whether or not token equality let it pass as a near-tie."""
+        scenario = scenario.completing()  # an aborted request returns no output to compare
         reference = self.reference(model, scenario) if reference is None else reference
         policy = self.rules(trace, model).near_tie
         with self.timers.timed("checks"):
@@ -373,6 +375,13 @@ class HilSession:
             verdict = check_ledger(trace)
         inherited = self.hygiene.inherited(self.current_test, trace.target)
         return verdict if inherited is None else judge_trace(trace, inherited, verdict)
+
+    def check_aborts(self, scenario: Scenario, trace: Trace) -> Verdict:
+        """The requests ``scenario`` aborts were aborted at their step and not served after
+        (their blocks' return is ``check_ledger``'s)."""
+        aborts = {r.request_id: r.abort_step for r in scenario.requests
+                  if r.abort_step is not None}
+        return check_aborts(aborts, trace)
 
     def check_idle_ledgers(self, cfg: EngineConfig, when: str = "after warmup") -> Verdict:
         """Every block of the engine of ``cfg`` is free now (an idle point)."""

@@ -1,9 +1,9 @@
 """Faults in vLLM's scheduling of requests: its preemptions, what it reports of them, and
-when it frees a finished request's blocks.
+when it frees a finished or aborted request's blocks.
 
 A preemption made unrecorded, one forced where the pool would never run out by itself,
-the vllm:num_preemptions counter missing from the engine's metrics, and a finished
-request's blocks freed one engine step late.
+the vllm:num_preemptions counter missing from the engine's metrics, a finished request's
+blocks freed one engine step late, and an aborted request's blocks never freed.
 """
 
 from __future__ import annotations
@@ -130,3 +130,26 @@ def free_late(config: dict[str, Any]) -> None:
 
     KVCacheManager.free = free_later  # type: ignore[method-assign]
     Scheduler.__init__ = __init__  # type: ignore[method-assign]
+
+
+@fault("abort-keeps-blocks")
+def abort_keeps_blocks(config: dict[str, Any]) -> None:
+    """vLLM's KV cache manager does not free the blocks of a request aborted by its client
+    (status FINISHED_ABORTED, the path ``LLMEngine.abort_request`` takes): they stay owned
+    by a request the scheduler no longer has, for the life of the engine. Requests that
+    finish by themselves free as usual; the log line is printed once."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager  # defers a heavy import
+    from vllm.v1.request import RequestStatus  # defers a heavy import
+
+    free = KVCacheManager.free
+    said = Once()
+
+    def free_unless_aborted(self: Any, request: Any) -> None:
+        if armed() and request.status == RequestStatus.FINISHED_ABORTED:
+            if said.due():
+                said.fire(f"[hil] fault abort_keeps_blocks fired: {request.request_id}'s"
+                          " blocks kept after its abort")
+            return None
+        return free(self, request)
+
+    KVCacheManager.free = free_unless_aborted  # type: ignore[method-assign]

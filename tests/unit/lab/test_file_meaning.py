@@ -391,16 +391,40 @@ def test_the_quarantine_check_warns_and_strict_refuses(tmp_path, monkeypatch):
 
     strict = {"value": False}
     monkeypatch.setattr(ordering, "option_value", lambda config, name, *d: {
-        "--strict-quarantine": strict["value"], "--quarantine": "q.toml"}[name])
+        "--strict-quarantine": strict["value"], "--quarantine": "q.toml",
+        "--stack": "default"}[name])
     config = fake_config(tmp_path)
     config.pluginmanager = type("PM", (), {"get_plugin": staticmethod(lambda name: None)})()
-    config.stash[ordering.QUARANTINE_KEY] = [KnownFailure(f"{S}::test_gone", "r", "I", "q: #1")]
+    # An entry that holds on another stack only is neither applied nor judged here.
+    elsewhere = KnownFailure(f"{S}::test_b", "r", "I", "q: #2", stacks=("spyre-1.10",))
+    config.stash[ordering.QUARANTINE_KEY] = [KnownFailure(f"{S}::test_gone", "r", "I", "q: #1"),
+                                             elsewhere]
+    item = FakeItem(f"{S}::test_b")
     with pytest.warns(ordering.HilFileWarning, match="has no test 'test_gone'"):
-        ordering.quarantine(config, [FakeItem(f"{S}::test_b")])
+        ordering.quarantine(config, [item])
+    assert item.marks == []
     assert ordering.file_warnings(config)[0].startswith("quarantine: q: #1 (")
+    assert ordering.quarantine_notes(config) == [
+        f"q: #2 ('{S}::test_b') not judged: it holds on stack(s) spyre-1.10, this run is on"
+        " 'default'"]
     strict["value"] = True
     with pytest.raises(pytest.UsageError, match="^--strict-quarantine: q: #1 "):
         ordering.quarantine(config, [FakeItem(f"{S}::test_b")])
+
+
+def test_a_quarantine_entry_can_hold_on_some_stacks_only(tmp_path):
+    q = tmp_path / "q.toml"
+    q.write_text(f'[[known]]\ntest = "{S}::test_b"\nreason = "r"\nissue = "I"\n'
+                 'stacks = ["default"]\n')
+    (k,) = load_quarantine(q, stacks=["default", "spyre-1.10"])
+    assert k.stacks == ("default",) and k.holds_on("default") and not k.holds_on("spyre-1.10")
+    assert KnownFailure(f"{S}::test_b", "r", "I").holds_on("spyre-1.10")  # no stacks: all
+    with pytest.raises(ValueError, match=r"known #1 .*stacks names 'default', which is no"
+                                         r" stack \(stacks/\*.toml: spyre-1.10\)"):
+        load_quarantine(q, stacks=["spyre-1.10"])
+    q.write_text(f'[[known]]\ntest = "{S}::test_b"\nreason = "r"\nissue = "I"\nstacks = []\n')
+    with pytest.raises(ValueError, match="stacks"):
+        load_quarantine(q)
 
 
 def test_the_record_is_json_the_harness_writes(tmp_path):

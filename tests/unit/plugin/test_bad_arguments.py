@@ -86,7 +86,7 @@ ROWS = [
         ["--inject-fault: fault 'os.system' is not one of the harness's faults",
          "pass --allow-external-faults"]),
     Row("inject-fault-unknown", ["--inject-fault", "nope"], USAGE,
-        ["--inject-fault: unknown fault 'nope'; known: attn-scale, block-too-few, block-too-many"]),
+        ["--inject-fault: unknown fault 'nope'; known: abort-keeps-blocks, attn-scale, block-too-few"]),
     Row("help-writes-nothing", ["--help"], 0, ["--allow-external-faults"]),
     # Every option and variable typed once (harness/core/settings/): refused at the start,
     # naming the option (or the variable and its option), the value and the accepted form.
