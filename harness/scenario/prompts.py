@@ -70,9 +70,10 @@ class Scenario:
     def prompts_by_id(self) -> dict[str, str]:
         return {r.request_id: r.prompt_text for r in self.requests}
 
-    def aborted_ids(self) -> list[str]:
-        """The requests a step-driven run aborts (``RequestSpec.abort_step``)."""
-        return [r.request_id for r in self.requests if r.abort_step is not None]
+    def aborts(self) -> dict[str, int]:
+        """The requests a step-driven run aborts, each with the step before which it is
+        aborted (``RequestSpec.abort_step``)."""
+        return {r.request_id: r.abort_step for r in self.requests if r.abort_step is not None}
 
     def completing(self) -> Scenario:
         """This scenario without the requests it aborts: those that run to their end, which

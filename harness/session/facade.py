@@ -379,9 +379,7 @@ class HilSession:
     def check_aborts(self, scenario: Scenario, trace: Trace) -> Verdict:
         """The requests ``scenario`` aborts were aborted at their step and not served after
         (their blocks' return is ``check_ledger``'s)."""
-        aborts = {r.request_id: r.abort_step for r in scenario.requests
-                  if r.abort_step is not None}
-        return check_aborts(aborts, trace)
+        return check_aborts(scenario.aborts(), trace)
 
     def check_idle_ledgers(self, cfg: EngineConfig, when: str = "after warmup") -> Verdict:
         """Every block of the engine of ``cfg`` is free now (an idle point)."""

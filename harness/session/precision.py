@@ -128,7 +128,7 @@ class PrecisionDesk:
             near_tie = replace(near_tie, dtypes=device_dtypes(precision))
         backend = kind_of_label(label).backend_of(label)
         logprob = logprob_policy(backend, precision != "fp32", self.logprob_tol,
-                                                 self.logprob_tol_card)
+                                 self.logprob_tol_card)
         return Rules(near_tie, logprob, distribution, precision)
 
     def _make(self, label: str, model: Model, precision: str) -> Rules:

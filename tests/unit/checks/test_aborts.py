@@ -80,7 +80,7 @@ def test_blocks_an_aborted_request_gives_back_a_step_late_are_late() -> None:
 def test_the_abort_step_travels_and_token_equality_skips_aborted_requests() -> None:
     limits = EngineLimits(max_model_len=256, max_num_seqs=4)
     s = shaped_scenario("abort", Words(), [(10, 20, 0, 3), (12, 5, 0)], limits)
-    assert s.aborted_ids() == ["r0"]
+    assert s.aborts() == {"r0": 3}
     payload = s.payload()
     assert payload[0]["abort_step"] == 3 and "abort_step" not in payload[1]
     assert [r.request_id for r in s.completing().requests] == ["r1"]
