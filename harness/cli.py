@@ -41,12 +41,15 @@ from harness.calibration.command import add_calibrate_parser
 from harness.core.paths import REPO_ROOT, SUITES_DIR
 from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
 from harness.lab.shard_plan import DURATIONS_FILE, DurationsError, load_durations
+from harness.lab_merge.lab_report import keep_durations, merge_command, source_inputs
 from harness.plugin.options import add_cli_option, cli_env_problem, cli_type
 from harness.report.generate import report_command, serve_report
-from harness.report.interrupt import ChildRunner
-from harness.report.lab_report import keep_durations, merge_command, source_inputs
 from harness.report.report_output import output_problem
-from harness.report.run_folder import (
+from harness.report.stack_summary import junit_name, save_stack_part
+from harness.selftest import add_selftest_parser
+from harness.stacks.spec import StackError, list_stacks, load_stack
+from harness.staging.interrupt import ChildRunner
+from harness.staging.run_folder import (
     INCOMPLETE_PREFIX,
     ReportsBusy,
     discard,
@@ -57,10 +60,7 @@ from harness.report.run_folder import (
     result_count,
     tidy_leftovers,
 )
-from harness.report.stack_summary import junit_name, save_stack_part
-from harness.report.staged_run import StagedRun, finish
-from harness.selftest import add_selftest_parser
-from harness.stacks.spec import StackError, list_stacks, load_stack
+from harness.staging.staged_run import StagedRun, finish
 from harness.targets import KINDS, all_variants, device_kinds, nightly_markers
 from harness.triage_command import add_triage_parser
 

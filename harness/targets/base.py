@@ -1,434 +1,63 @@
-"""What a target kind declares, and what every target answers.
+"""What every target kind must declare, and what every target answers.
 
-A *kind* (one package under ``harness/targets/``) is the one place that knows a
-device family: the device it runs on (``DeviceKind``: inventory name, whether it
-is leased, how its address is checked, how it is discovered), its variants and
-their markers, its modes and backends, its engine environment and ``vllm.LLM``
-arguments, its KV-pool geometry presets, its availability probe, the precision each backend
-computes in, the variables its stack reads late, and its readers of its plugin's ledgers; and what a
-whole device needs: its environment per leased device, its engine-start limit, the
-check that an engine runs on the device it leased, its near-tie tolerance, its
-stack report for ``hil devices``, its dummy-padding declaration and its faults. Every
-hook has a neutral default here. The inventory, leases, markers, ``hil nightly``,
-``hil devices``, the report categories, the session and the engine pool all ask the
-registry (``harness.targets``) instead of naming kinds.
+A *kind* (one package under ``harness/targets/``) is the one place that knows a device family.
+Its ``kind`` module sets ``KIND`` to a subclass of ``TargetKind`` (the reference) or of
+``VllmTarget`` (a kind that runs engines through vLLM). The split:
 
-The reference and the engine targets answer the same verb with the same input
-and return the same ``Trace`` (``harness.targets.runner``).
+- **required** (here): ``name``, ``device`` (the ``DeviceKind`` it runs on), ``variants`` and the
+  ``markers`` they carry (``REQUIRED``), and its place ``order``; an engine kind's
+  ``engine_env()`` and ``llm_kwargs()`` (extended from the defaults here, never replaced) and
+  ``check_request``;
+- **optional** (``harness/targets/kind_hooks.py``): every other hook, each with a neutral
+  default: modes and backends, pool geometry, precision, device environment and verification,
+  start limits, the stack report, dummy padding, capacity refusal, fault and probe modules.
+
+The reference and the engine targets answer the same verb with the same input and return the
+same ``Trace`` (``harness.targets.runner``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from harness.checks.dummy_padding import dummy_padding_verdict
-from harness.core.comparison import NearTiePolicy
-from harness.core.config import ConfigError, EngineConfig, WarmupShape
-from harness.core.devices import InventoryDevice
-from harness.core.verdict import Verdict
+from harness.core.config import ConfigError, EngineConfig
+from harness.targets.declarations import (
+    MODEL_DTYPE,
+    OFFLINE_ENV,
+    PRECISION_OF_DTYPE,
+    NearTieTolerance,
+    PoolGeometry,
+    TargetVariant,
+    device_dtypes,
+)
 from harness.targets.device_kind import CPU_DEVICE, DeviceKind
+from harness.targets.kind_hooks import EngineHooks, KindHooks
 
-if TYPE_CHECKING:
-    from harness.core.trace import Trace
-    from harness.scenario.prompts import EngineLimits
+__all__ = [
+    "CPU_DEVICE", "MODEL_DTYPE", "OFFLINE_ENV", "PRECISION_OF_DTYPE", "REQUIRED", "DeviceKind",
+    "EngineHooks", "KindHooks", "NearTieTolerance", "PoolGeometry", "TargetKind",
+    "TargetVariant", "VllmTarget", "device_dtypes",
+]
 
-# Nothing may come from a model hub or phone home during a run.
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "VLLM_HOST_IP": "127.0.0.1",
-    # Keep the engine core in the engine process so the scheduler, KV-cache
-    # manager and model runner can be read between steps.
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_USE_V1": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+# What every kind must declare (an empty value is no declaration).
+REQUIRED = ("name", "device", "variants", "markers")
 
 
-# What a device computes in where its kind says nothing else (vLLM loads our fp32 checkpoints).
-MODEL_DTYPE = "the model's dtype (fp32)"
-# The precisions the checks know, by the torch dtype an engine reports (``model_dtype``).
-PRECISION_OF_DTYPE = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
-
-
-def device_dtypes(precision: str) -> str:
-    """The near-tie policy's statement of the dtypes compared, for a device in ``precision``."""
-    dtype = MODEL_DTYPE if precision == "fp32" else precision
-    return f"reference fp32 (transformers on the CPU) vs device {dtype}"
-
-
-@dataclass(frozen=True)
-class NearTieTolerance:
-    """A backend that computes in a lower precision than the fp32 reference, and the wider
-    near-tie tolerance it gets (the option ``--near-tie-tol-BACKEND``)."""
-
-    backend: str
-    default: float
-    why: str  # in the option's help: "the card computes fp16 against the fp32 reference"
-
-
-# -- KV pool geometry --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PoolGeometry:
-    """How a kind lays out its KV pool.
-
-    ``block_size`` tokens per block, or None for one block per sequence
-    (block_size = max_model_len, the Neuron geometry); ``pad_blocks`` the blocks
-    the platform keeps back (vLLM's null block, Spyre's pad block 0); ``fixed``
-    when the platform sets the block size itself and a configuration cannot.
-    """
-
-    block_size: int | None
-    pad_blocks: int = 1
-    fixed: bool = False
-
-    def block_tokens(self, max_model_len: int) -> int:
-        return self.block_size if self.block_size is not None else max_model_len
-
-    def engine_overrides(
-        self, max_model_len: int, max_num_seqs: int, extra_blocks: int = 0
-    ) -> dict[str, int]:
-        """``block_size`` and ``num_blocks_override`` for exactly a full batch of
-        full-length requests (plus ``extra_blocks``); {} when the platform decides."""
-        if self.fixed:
-            return {}
-        size = self.block_tokens(max_model_len)
-        per_request = -(-max_model_len // size)
-        blocks = max_num_seqs * per_request + self.pad_blocks + extra_blocks
-        return {"block_size": size, "num_blocks_override": blocks}
-
-
-# -- variants ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TargetVariant:
-    """One (kind, backend, mode) a suite runs on, with its markers.
-
-    The first marker is the platform marker (``cpu``, ``spyre``, ``neuron``):
-    what ``-m`` and ``hil nightly`` select on.
-    """
-
-    id: str
-    target: str
-    backend: str | None
-    mode: str | None
-    markers: tuple[str, ...]
-    device: str | None = None  # inventory id of the leased device, once leased
-    device_env: tuple[tuple[str, str], ...] = ()
-    chunked: bool = False  # prefills in chunks of the prompt set's cp_chunk tokens
-    # Runs only where a test's hil_targets or --target names its mode or id (a control of a
-    # few suites, not a copy of every one).
-    opt_in: bool = False
-    # Runs only in tests carrying one of these markers (a suite's marker, e.g. token_equality);
-    # empty: in every test its target runs in.
-    suites: tuple[str, ...] = ()
-
-    @property
-    def platform_marker(self) -> str:
-        return self.markers[0]
-
-    def on_device(self, device: str, env: dict[str, str]) -> TargetVariant:
-        """This variant bound to a leased device and its environment."""
-        return replace(self, device=device, device_env=tuple(sorted(env.items())))
-
-    def engine_config(
-        self, model: str, limits: EngineLimits, **overrides: object
-    ) -> EngineConfig:
-        """The engine configuration of this variant for a model and engine limits."""
-        warmup = None
-        if self.mode == "sb":
-            if limits.sb_warmup is None:
-                raise ValueError(f"{self.id} needs sb_warmup in the prompt set's engine limits")
-            warmup = WarmupShape(*limits.sb_warmup)
-        kwargs: dict[str, object] = dict(
-            target=self.target,
-            model=model,
-            max_model_len=limits.max_model_len,
-            max_num_seqs=limits.max_num_seqs,
-            mode=self.mode,
-            backend=self.backend,
-            warmup=warmup,
-            max_num_batched_tokens=limits.cp_chunk if self.chunked else None,
-            device=self.device,
-            extra_env=self.device_env,
-        )
-        kwargs.update(overrides)
-        return EngineConfig(**kwargs)  # type: ignore[arg-type]
-
-
-# -- the kind ---------------------------------------------------------------------------
-
-
-class TargetKind:
+class TargetKind(KindHooks):
     """The declaration of one kind; a module under harness/targets/ sets ``KIND`` to one."""
 
     name: ClassVar[str] = ""
     order: ClassVar[int] = 100  # position in variant lists and test ids
     device: ClassVar[DeviceKind] = CPU_DEVICE
-    modes: ClassVar[tuple[str, ...]] = ()  # e.g. sb / cb / cp
-    chunks_prefill: ClassVar[bool] = False  # splits any prompt longer than max_num_batched_tokens
-    mode_help: ClassVar[str] = ""
-    backends: ClassVar[tuple[str, ...]] = ()
-    backend_help: ClassVar[str] = ""
     variants: ClassVar[tuple[TargetVariant, ...]] = ()
     markers: ClassVar[dict[str, str]] = {}  # the markers its variants carry, with their meaning
-    geometries: ClassVar[dict[str, PoolGeometry]] = {"default": PoolGeometry(None)}
-    # What a fork-server parent imports once vLLM resolved this kind's platform: the module
-    # prefix of the platform's class -> the worker and runner modules an engine start pulls in.
-    plugin_preload: ClassVar[dict[str, tuple[str, ...]]] = {}
-    # Modules that register this kind's faults (harness.in_engine.fault_registry); imported
-    # inside the engine process by harness.in_engine.faults, through the registry.
-    fault_modules: ClassVar[tuple[str, ...]] = ()
-    # Modules that register readers of this kind's own KV ledgers with
-    # harness.in_engine.probes; imported inside the engine process before the first snapshot.
-    probe_modules: ClassVar[tuple[str, ...]] = ()
-    # Engine-start limits (seconds) longer than the harness's default, keyed by what they apply
-    # to: a backend of this kind, or the kind's name for all its engines.
-    start_timeouts: ClassVar[dict[str, float]] = {}
-    near_tie_tolerances: ClassVar[tuple[NearTieTolerance, ...]] = ()
-    # Backends that compute in a lower precision than the fp32 reference, and which ("fp16",
-    # "bf16"): their checks judge by that precision's calibrated noise (harness.calibration,
-    # harness.session.precision); every other backend computes in fp32.
-    backend_precisions: ClassVar[dict[str, str]] = {}
-    # Prefixes of the variables this kind's stack reads when an engine is built, after the
-    # fork (harness.engine.forkserver): a fork-server parent is not keyed on them.
-    late_env_prefixes: ClassVar[tuple[str, ...]] = ()
-    # The kind's stack refuses, at engine start, a pool that cannot serve one full-length
-    # request; for the others the harness preflight refuses it (harness.checks.capacity).
-    refuses_small_pool: ClassVar[bool] = False
-
-    @classmethod
-    def geometry(cls, name: str = "default") -> PoolGeometry:
-        try:
-            return cls.geometries[name]
-        except KeyError:
-            raise KeyError(
-                f"{cls.name} has no pool geometry {name!r}; known: {', '.join(cls.geometries)}"
-            ) from None
-
-    @classmethod
-    def backend_of(cls, label: str) -> str:
-        """The backend a trace or engine label of this kind names (``spyre-sendnn-cb``:
-        sendnn); the kind's name where it has no backends."""
-        variant = label.rpartition(":")[2]
-        for backend in cls.backends:
-            if f"-{backend}" in variant:
-                return backend
-        return cls.name
-
-    @classmethod
-    def precision(cls, label: str) -> str:
-        """What the engine labelled ``label`` computes in: "fp32", "fp16" or "bf16"."""
-        return cls.backend_precisions.get(cls.backend_of(label), "fp32")
-
-    @classmethod
-    def trace_precision(cls, label: str, info: Mapping[str, Any]) -> str:
-        """What the engine that recorded a trace computed in, ``info`` being what it reported
-        about itself: the backend's declaration (``precision``). A kind whose engines' dtype
-        is decided elsewhere (a lab inventory) reads the engine's report instead."""
-        return cls.precision(label)
-
-    @classmethod
-    def reduced_precision(cls, label: str) -> bool:
-        """Whether the engine labelled ``label`` computes in a lower precision than fp32."""
-        return cls.precision(label) != "fp32"
-
-    @classmethod
-    def join_reservation(cls, tkv: int, prompt_len: int, max_tokens: int,
-                         block_size: int) -> int | None:
-        """Blocks the kind's batching reserves for a request joining a batch at ``tkv``;
-        None where a request reserves nothing when it joins (blocks come as it grows)."""
-        return None
-
-    @classmethod
-    def stack_geometry(cls, name: str, stack: str) -> PoolGeometry:
-        """The geometry ``name`` as ``stack``'s software takes it (a block size its attention
-        accepts); the declared one by default."""
-        return cls.geometry(name)
-
-    @classmethod
-    def full_batch_pool(cls, max_model_len: int, max_num_seqs: int,
-                        stack: str = "default") -> dict[str, int]:
-        """EngineConfig overrides for a KV pool of exactly a full batch of full-length
-        requests plus the pad block; {} where the device sizes its own pool."""
-        return {}
-
-    @classmethod
-    def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:
-        """max_tokens for a request of ``prompt_len`` tokens that holds as many KV blocks as a
-        request can: its prompt and output fill max_model_len, no headroom (a kind whose
-        batching needs some, as Spyre's shared tkv does, says how much)."""
-        return max_model_len - prompt_len
-
-    @classmethod
-    def engine_info(cls) -> dict[str, Any]:
-        """Run inside the engine process after start: the facts this kind's post-start
-        verification reads there (none by default)."""
-        return {}
-
-    @classmethod
-    def availability_probe(cls, variant: TargetVariant) -> str | None:
-        """None when this machine can run ``variant``, else a precise reason to skip."""
-        return None
-
-    @classmethod
-    def start_limit(cls, backend: str | None) -> float | None:
-        """Seconds an engine of this kind on ``backend`` may take to start (``start_timeouts``:
-        the backend's, else the kind's); None: the harness's default."""
-        return cls.start_timeouts.get(str(backend), cls.start_timeouts.get(cls.name))
-
-    @classmethod
-    def needs_device(cls, variant: TargetVariant) -> bool:
-        """Whether engines of ``variant`` run only under a lease of a device that serves it
-        (never unleased, where they would open whatever their environment names)."""
-        return cls.device.leased
-
-    @classmethod
-    def emulated_runtime(cls, variant: TargetVariant) -> str | None:
-        """What of ``variant``'s device runtime is emulated on this host (a line for the
-        report), or None where it is the vendor's own."""
-        return None
-
-    @classmethod
-    def allow_emulated_env(cls) -> dict[str, str]:
-        """What an engine's environment says when the run allows an emulated runtime."""
-        return {}
-
-    @classmethod
-    def serves(cls, device: InventoryDevice, backend: str | None, mode: str | None) -> bool:
-        """Whether an engine of this kind, backend and mode runs on ``device``."""
-        if device.kind != cls.device.name:
-            return False
-        return not device.features or mode in device.features
-
-    @classmethod
-    def validate(cls, cfg: EngineConfig) -> None:
-        """Raise ConfigError naming the bad value of ``cfg`` and the fix."""
-        if not cls.modes:
-            if cfg.mode is not None or (cfg.backend is not None and cfg.backend not in cls.backends):
-                takes = f"backend {' or '.join(cls.backends)}" if cls.backends else "backend"
-                raise ConfigError(
-                    f"target {cfg.target!r} takes no mode and no {takes} (got mode={cfg.mode!r},"
-                    f" backend={cfg.backend!r}); modes and backends are other kinds'"
-                )
-            return
-        if cfg.mode not in cls.modes:
-            raise ConfigError(
-                f"unknown {cls.name} mode {cfg.mode!r}; known modes: {', '.join(cls.modes)}"
-                + (f" ({cls.mode_help})" if cls.mode_help else "")
-            )
-        if cfg.backend not in cls.backends:
-            raise ConfigError(
-                f"unknown {cls.name} backend {cfg.backend!r}; known backends:"
-                f" {', '.join(cls.backends)}" + (f" ({cls.backend_help})" if cls.backend_help else "")
-            )
-
-    @classmethod
-    def near_tie_policy(cls, base: NearTiePolicy, label: str,
-                        tols: Mapping[str, float]) -> NearTiePolicy:
-        """The near-tie policy for a trace of this kind labelled ``label`` (``spyre-sendnn-cb``):
-        ``base`` with the dtypes compared, stated in every diff, and where the backend computes
-        in a lower precision its wider tolerance (``tols``: the ``--near-tie-tol-BACKEND``
-        values given; a backend missing there gets its ``near_tie_tolerances`` default)."""
-        return replace(base, dtypes=device_dtypes(cls.precision(label)))
-
-    @classmethod
-    def device_env(cls, device: InventoryDevice, cache_dir: Path) -> dict[str, str]:
-        """What an engine on the leased ``device`` needs in its environment, before the
-        inventory's own ``env`` for it is laid on top (none by default)."""
-        return {}
-
-    @classmethod
-    def inherited_env(cls, environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
-        """(name, value, what it does) for each variable of ``environ`` that this kind's engines
-        would inherit and that changes them (``hil devices``, the report's environment)."""
-        return []
-
-    @classmethod
-    def host_lines(cls) -> list[str]:
-        """``hil devices`` after discovery: what this kind's engines need besides the device
-        (its SDK, its stack), one line each."""
-        return []
-
-    @classmethod
-    def stack_lines(cls, inv: Any) -> tuple[list[str], bool]:
-        """``hil devices``: the report on the stack that drives this kind's devices of the
-        inventory ``inv``, and whether it can (False fails a lab's pre-flight)."""
-        return [], True
-
-    @classmethod
-    def pads_decode_batch(cls, stack: str, variant: str) -> bool:
-        """Whether ``variant`` on ``stack`` pads a lone decoding request with a dummy request that
-        holds KV blocks: declared, not read from the run, so a ledger adapter that stops seeing
-        the dummy fails the dummy-padding test instead of turning it into a skip."""
-        return False
-
-    @classmethod
-    def padding_declaration(cls) -> str:
-        """The file that declares ``pads_decode_batch`` (named in the verdict's messages)."""
-        return cls.__module__.replace(".", "/") + ".py"
-
-    @classmethod
-    def dummy_padding_verdict(cls, trace: Trace, stack: str, variant: str) -> Verdict | None:
-        """The dummy-padding verdict of a run where one request decodes alone before a second
-        joins; None where the stack declares no padding and none was seen (nothing to check)."""
-        return dummy_padding_verdict(trace, cls.pads_decode_batch(stack, variant), stack, variant,
-                                     cls.padding_declaration())
 
 
-class VllmTarget(TargetKind):
+class VllmTarget(EngineHooks, TargetKind):
     """A kind served through vLLM; subclasses add their env, arguments and limits."""
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
-
-    @classmethod
-    def stack_probe(cls, variant: Any, stack: str) -> str | None:
-        """None when engines of ``variant`` can run on ``stack``, else why not (device-missing)."""
-        return None
-
-    @classmethod
-    def stack_feature_problem(cls, variant: Any, stack: str) -> str | None:
-        """Why the software of ``stack`` has no ``variant`` at all (a plain skip, whatever the
-        device: a plugin generation without the mode), or None."""
-        return None
-
-    @classmethod
-    def model_probe(cls, model_dir: Any) -> str | None:
-        """None when this target serves the model's family, else why not (a skip)."""
-        return None
-
-    @classmethod
-    def device_stack_problem(cls, variant: Any, stack: str) -> str | None:
-        """Why ``stack`` cannot drive a leased device of ``variant`` (checked before the lease: a
-        stack problem, never a broken device), or None."""
-        return None
-
-    def holds_device(self) -> bool:
-        """Whether this engine holds its leased device whole (one engine per device at a time,
-        recorded in the pool's device ledger): by default any engine on a leased device."""
-        return bool(self.cfg.device) and self.device.leased
-
-    def start_timeout(self) -> float | None:
-        """Seconds this engine may take to start (``start_timeouts``); None: the harness's default."""
-        return self.start_limit(self.cfg.backend)
-
-    def verify_device(self, info: dict[str, Any], log_text: str) -> str | None:
-        """After start, before anything else is checked: why the engine does not run on the
-        device it leased as this kind asked (from ``info`` and this start's engine log), or None."""
-        return None
-
-    def check_started(self, info: dict[str, Any]) -> str | None:
-        """After start: why the engine is not what this target asked for, or None."""
-        return None
 
     def engine_env(self) -> dict[str, str]:
         """Environment variables the engine process needs, on top of the inherited one.

@@ -117,7 +117,7 @@ def result_set(folder):
 def test_shards_as_separate_hosts_merge_into_the_one_host_result_set(tmp_path):
     import tarfile
 
-    from harness.report.merge import merge_results, where_markdown
+    from harness.lab_merge.merge import merge_results, where_markdown
     from harness.report.results import load_results
 
     shards = [hil_run(tmp_path / f"host{i}", f"--shard={i}/2") for i in (1, 2)]

@@ -21,10 +21,10 @@ from harness.core.paths import REPO_ROOT
 from harness.core.verdict import VerdictFailed
 from harness.report.summary import write_summary
 from harness.scenario.prompts import EngineLimits, Scenario, shaped_scenario
-from harness.session import triage as session_triage
 from harness.session.facade import HilSession, SessionOptions
 from harness.stacks.spec import stack_python
 from harness.targets.variants import VARIANTS
+from harness.triage import session_hook as session_triage
 from tests.suite_runner import SPYRE_1X_STACK, run_suite
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness import cli
 from harness import triage_command as command
-from harness.report.interrupt import ChildOutcome
+from harness.staging.interrupt import ChildOutcome
 from harness.triage_command import carried_args, previous_run, report_outcome, triage_command
 from tests.allure_results import allure_result
 from tests.bad_input import earlier_run, write

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from harness.lab.shard_plan import load_durations
-from harness.report import lab_report
+from harness.lab_merge import lab_report
+from harness.lab_merge.merge import MergeError, merge_results, where_markdown
 from harness.report.generate import ReportOutcome
-from harness.report.merge import MergeError, merge_results, where_markdown
 from harness.report.results import load_results
 from harness.report.run_config import format_properties, read_properties
 

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import cli
+from harness.lab_merge.merge import durations_of, where_markdown
 from harness.report import generate
-from harness.report.merge import durations_of, where_markdown
 from harness.report.results import load_results
 from harness.report.stack_summary import write_report_summary
 

@@ -18,8 +18,8 @@ import pytest
 
 from harness import cli
 from harness.core.paths import REPO_ROOT
-from harness.report import staged_run
-from harness.report.run_folder import HOLDER_FILE, os_problem, reports_lock
+from harness.staging import staged_run
+from harness.staging.run_folder import HOLDER_FILE, os_problem, reports_lock
 from tests.bad_input import assert_nothing_lost, earlier_run
 
 SUITE = """

@@ -19,9 +19,9 @@ from harness.core.triage import (
     TriageResult,
     TriageRun,
 )
+from harness.lab_merge.merge import merge_results
 from harness.report.categories import categories_json, classify
 from harness.report.evidence import CallEvidence
-from harness.report.merge import merge_results
 from harness.report.results import load_results
 from harness.report.summary import summarize, summary_markdown, summary_text
 from harness.report.triage_report import (

@@ -13,7 +13,7 @@ from harness.core.verdict import Verdict, VerdictFailed
 from harness.scenario.prompts import EngineLimits, RequestSpec, Scenario
 from harness.session.facade import HilSession, SessionOptions
 from harness.session.listeners import SessionListener
-from harness.session.triage import named_request
+from harness.triage.session_hook import named_request
 
 SCENARIO = Scenario("pair", [RequestSpec("0-weather", (1, 2), 4), RequestSpec("1-code", (3,), 4)],
                     EngineLimits(256, 4))

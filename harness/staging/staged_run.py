@@ -1,5 +1,5 @@
 """The end of a `hil run`: publish a completed run, keep an interrupted one, discard a
-refused one (harness.report.run_folder holds the folder mechanics).
+refused one (harness.staging.run_folder holds the folder mechanics).
 
 A run is *completed* when every stack's pytest run ended with exit 0 (all passed) or 1 (some
 failed) and at least one test result was recorded: its outputs replace the previous ones. A
@@ -17,19 +17,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.report.interrupt import signal_name
-from harness.report.run_config import format_properties, read_properties
-from harness.report.run_folder import (
+from harness.report.run_config import INTERRUPTED_KEY, format_properties, read_properties
+from harness.report.stack_summary import interrupted_line, write_run_summary
+from harness.report.summary import write_text_safely
+from harness.staging.interrupt import signal_name
+from harness.staging.run_folder import (
     INCOMPLETE_PREFIX,
-    INTERRUPTED_KEY,
     INTERRUPTED_PREFIX,
     discard,
     partial_folder,
     publish,
     result_count,
 )
-from harness.report.stack_summary import interrupted_line, write_run_summary
-from harness.report.summary import write_text_safely
 
 COMPLETED_CODES = (0, 1)  # pytest: all passed, some failed
 REFUSAL_WHY = {

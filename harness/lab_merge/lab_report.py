@@ -17,17 +17,16 @@ import sys
 from pathlib import Path
 
 from harness.lab.shard_plan import DURATIONS_FILE, update_durations
-from harness.report.generate import generate_report
-from harness.report.merge import (
+from harness.lab_merge.merge import (
     MergeError,
     durations_of,
     find_results,
     merge_results,
     where_markdown,
 )
+from harness.report.generate import generate_report
 from harness.report.results import load_results
-from harness.report.run_config import read_properties
-from harness.report.run_folder import INTERRUPTED_KEY
+from harness.report.run_config import INTERRUPTED_KEY, read_properties
 from harness.report.summary import summarize, summary_markdown, write_text_safely
 
 

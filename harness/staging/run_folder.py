@@ -37,8 +37,6 @@ INCOMPLETE_PREFIX = "incomplete-"
 RUN_OUTPUTS = ("allure-results", "stats", "devices", "stacks", "engine-logs", "summary.md",
                "timing.json", "calibration")
 RUN_OUTPUT_GLOBS = ("junit*.xml",)
-# The environment property (allure-results/environment.properties) of a run that was stopped.
-INTERRUPTED_KEY = "run.interrupted"
 
 
 class ReportsBusy(RuntimeError):

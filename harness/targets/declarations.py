@@ -1,0 +1,142 @@
+"""The values a target kind declares: its variants (``TargetVariant``), its KV-pool geometry
+(``PoolGeometry``), the wider near-tie tolerance of a reduced-precision backend
+(``NearTieTolerance``), and the environment every engine runs offline with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from harness.core.config import EngineConfig, WarmupShape
+
+if TYPE_CHECKING:
+    from harness.scenario.prompts import EngineLimits
+
+# Nothing may come from a model hub or phone home during a run.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    # Keep the engine core in the engine process so the scheduler, KV-cache
+    # manager and model runner can be read between steps.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_USE_V1": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+# What a device computes in where its kind says nothing else (vLLM loads our fp32 checkpoints).
+MODEL_DTYPE = "the model's dtype (fp32)"
+# The precisions the checks know, by the torch dtype an engine reports (``model_dtype``).
+PRECISION_OF_DTYPE = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
+
+
+def device_dtypes(precision: str) -> str:
+    """The near-tie policy's statement of the dtypes compared, for a device in ``precision``."""
+    dtype = MODEL_DTYPE if precision == "fp32" else precision
+    return f"reference fp32 (transformers on the CPU) vs device {dtype}"
+
+
+@dataclass(frozen=True)
+class NearTieTolerance:
+    """A backend that computes in a lower precision than the fp32 reference, and the wider
+    near-tie tolerance it gets (the option ``--near-tie-tol-BACKEND``)."""
+
+    backend: str
+    default: float
+    why: str  # in the option's help: "the card computes fp16 against the fp32 reference"
+
+
+# -- KV pool geometry --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    """How a kind lays out its KV pool.
+
+    ``block_size`` tokens per block, or None for one block per sequence
+    (block_size = max_model_len, the Neuron geometry); ``pad_blocks`` the blocks
+    the platform keeps back (vLLM's null block, Spyre's pad block 0); ``fixed``
+    when the platform sets the block size itself and a configuration cannot.
+    """
+
+    block_size: int | None
+    pad_blocks: int = 1
+    fixed: bool = False
+
+    def block_tokens(self, max_model_len: int) -> int:
+        return self.block_size if self.block_size is not None else max_model_len
+
+    def engine_overrides(
+        self, max_model_len: int, max_num_seqs: int, extra_blocks: int = 0
+    ) -> dict[str, int]:
+        """``block_size`` and ``num_blocks_override`` for exactly a full batch of
+        full-length requests (plus ``extra_blocks``); {} when the platform decides."""
+        if self.fixed:
+            return {}
+        size = self.block_tokens(max_model_len)
+        per_request = -(-max_model_len // size)
+        blocks = max_num_seqs * per_request + self.pad_blocks + extra_blocks
+        return {"block_size": size, "num_blocks_override": blocks}
+
+
+# -- variants ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetVariant:
+    """One (kind, backend, mode) a suite runs on, with its markers.
+
+    The first marker is the platform marker (``cpu``, ``spyre``, ``neuron``):
+    what ``-m`` and ``hil nightly`` select on.
+    """
+
+    id: str
+    target: str
+    backend: str | None
+    mode: str | None
+    markers: tuple[str, ...]
+    device: str | None = None  # inventory id of the leased device, once leased
+    device_env: tuple[tuple[str, str], ...] = ()
+    chunked: bool = False  # prefills in chunks of the prompt set's cp_chunk tokens
+    # Runs only where a test's hil_targets or --target names its mode or id (a control of a
+    # few suites, not a copy of every one).
+    opt_in: bool = False
+    # Runs only in tests carrying one of these markers (a suite's marker, e.g. token_equality);
+    # empty: in every test its target runs in.
+    suites: tuple[str, ...] = ()
+
+    @property
+    def platform_marker(self) -> str:
+        return self.markers[0]
+
+    def on_device(self, device: str, env: dict[str, str]) -> TargetVariant:
+        """This variant bound to a leased device and its environment."""
+        return replace(self, device=device, device_env=tuple(sorted(env.items())))
+
+    def engine_config(
+        self, model: str, limits: EngineLimits, **overrides: object
+    ) -> EngineConfig:
+        """The engine configuration of this variant for a model and engine limits."""
+        warmup = None
+        if self.mode == "sb":
+            if limits.sb_warmup is None:
+                raise ValueError(f"{self.id} needs sb_warmup in the prompt set's engine limits")
+            warmup = WarmupShape(*limits.sb_warmup)
+        kwargs: dict[str, object] = dict(
+            target=self.target,
+            model=model,
+            max_model_len=limits.max_model_len,
+            max_num_seqs=limits.max_num_seqs,
+            mode=self.mode,
+            backend=self.backend,
+            warmup=warmup,
+            max_num_batched_tokens=limits.cp_chunk if self.chunked else None,
+            device=self.device,
+            extra_env=self.device_env,
+        )
+        kwargs.update(overrides)
+        return EngineConfig(**kwargs)  # type: ignore[arg-type]
+
