@@ -33,6 +33,7 @@ TOP_K = 5
 def reference_requests(tokenizer: Any) -> list[tuple[tuple[int, ...], int]]:
     """(prompt ids, max_tokens) of every distinct request the token-equality and KV suites
     send: all cases of the token-equality prompt set and the suites' shaped scenarios."""
+    from bench.bench_variants import cpu_kinds
     from harness.scenario.prompts import PromptSet
     from suites import test_block_freeing, test_capacity, test_no_recompute
 
@@ -48,7 +49,8 @@ def reference_requests(tokenizer: Any) -> list[tuple[tuple[int, ...], int]]:
     scenarios += [
         test_no_recompute.full_batch_scenario(model, SimpleNamespace(target=target), seqs,
                                               prompt_len)
-        for target in ("vllm-cpu", "spyre")  # the request lengths differ per target kind
+        # The request lengths differ per target kind: each kind that runs here (on the CPU).
+        for target in cpu_kinds()
         for seqs in (2, 4)
         for prompt_len in (63, 64, 65)
     ]

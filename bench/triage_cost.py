@@ -80,6 +80,14 @@ def triage_cost(pytest_run: Callable[..., dict[str, Any]], cache: Path,
     return fig
 
 
+def green_run_triage(mission: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The triage seconds of each mission run (``pytest_run`` rows by label): in a green run
+    only the quarantined failures are triaged, made in a run without their records (cold) and
+    reused from them after (warm: about 0)."""
+    return {label: float(row.get("split_s", {}).get("triage", 0.0))
+            for label, row in mission.items()}
+
+
 def triage_ratios(fig: dict[str, Any]) -> dict[str, Any]:
     """The bench's ratios of the part: seconds per triaged failure, and the run with triage
     over the run without (none when the part made no figures)."""

@@ -3,12 +3,13 @@
 Each fault of ``harness.in_engine.faults`` is injected into the installed stack, on each target of
 this host it applies to (the CPU paths always; a Spyre card or Neuron device when the
 inventory has one), and the smallest suite selection that proves it runs in a child
-pytest. A case is *caught* when that selection fails with the fault's failure category
-(``harness.report.categories``); the table says which test caught it and with what
-message. Results go into the allure-results folder as the suite ``selftest`` (one result
-per fault and target, keyed by host, so merged shards keep one per host). Exit 1 when any
-fault family applicable here goes uncaught; exit 2 when ``--fault`` names one with no case here
-(a selection of nothing would otherwise report every family caught).
+pytest. Each kind declares its own cases, with the targets they run on (its
+``selftest_module``, asked through the kind registry). A case is *caught* when that selection
+fails with the fault's failure category (``harness.report.categories``); the table says which
+test caught it and with what message. Results go into the allure-results folder as the suite
+``selftest`` (one result per fault and target, keyed by host, so merged shards keep one per
+host). Exit 1 when any fault family applicable here goes uncaught; exit 2 when ``--fault`` names
+one with no case here (a selection of nothing would otherwise report every family caught).
 """
 
 from __future__ import annotations
@@ -31,125 +32,40 @@ from harness.lab.inventory import InventoryError, discover_inventory, load_inven
 from harness.plugin.options import add_cli_option
 from harness.report.categories import classify
 from harness.stacks.spec import StackError, load_stack, stack_python
-
-TOKEN = "suites/test_token_equality.py"
-FREEING = "suites/test_block_freeing.py"
-ONE_TOKEN_TEST = "single and not one-token"
-LEGACY_STACK = "legacy-spyre-0.4"
-SPYRE_1X_STACK = "spyre-1.10"  # vllm-spyre 1.x: the cb mode and its runner's block pool
-
-
-@dataclass(frozen=True)
-class Case:
-    """One fault on one target, and the smallest selection that must catch it."""
-
-    fault: str  # FAULTS name, optionally with :k=v arguments
-    target: str
-    suite: str
-    select: str  # pytest -k
-    expect: str  # the failure category that proves the catch
-    stack: str = "default"
-    extra: tuple[str, ...] = ()
-
-    @property
-    def family(self) -> str:
-        return self.fault.partition(":")[0]
-
-
-# The CPU paths: vLLM's CPU engine and vllm-spyre in eager mode. Selections are the ones
-# tests/test_*faults*.py prove, one test each.
-CPU_CASES: tuple[Case, ...] = (
-    Case("perturb-logit:position=5", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
-    Case("perturb-logit:position=5", "spyre-eager-cp", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
-    Case("kernel-drift", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "logprob drift"),
-    Case("kernel-drift", "spyre-eager-cp", TOKEN, ONE_TOKEN_TEST, "logprob drift"),
-    # An 8 % attention-scale error inside the model: on the bf16 target, judged by the
-    # calibrated bf16 noise, the distribution check is the first to see it.
-    Case("attn-scale:factor=1.08", "vllm-cpu-bf16", TOKEN, ONE_TOKEN_TEST, "distribution drift"),
-    # On tiny-llama the block-edge case meets a near-tie the free run accepts, and the drift
-    # three steps later flips the teacher-forced run's token (on both paths).
-    Case("drift-after-near-tie", "vllm-cpu", TOKEN, "block-edge", "token mismatch"),
-    Case("drift-after-near-tie", "spyre-eager-cp", TOKEN, "block-edge", "token mismatch"),
-    # The long prompt's top two come within 0.5 nats at position 13 on tiny-llama.
-    Case("runner-up-when-close", "vllm-cpu", TOKEN, "long-prompt", "sampler not greedy"),
-    Case("runner-up-when-close", "spyre-eager-cp", TOKEN, "long-prompt", "sampler not greedy"),
-    # Bugs that show under one condition of a run only (the conditions triage varies).
-    Case("mix-batch-rows", "vllm-cpu", TOKEN, "pair", "token mismatch"),
-    Case("mix-batch-rows", "spyre-eager-cp", TOKEN, "pair", "token mismatch"),
-    Case("stale-recycled-block", "vllm-cpu", FREEING, "over-max-num-seqs", "token mismatch"),
-    Case("stale-recycled-block", "spyre-eager-cp", FREEING, "over-max-num-seqs", "token mismatch"),
-    Case("chunk-continuation", "spyre-eager-cp", TOKEN, "long-prompt", "token mismatch"),
-    Case("prefix-hit", "spyre-eager-pc", TOKEN, "cached-edge", "token mismatch"),
-    Case("flaky-logit", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
-    Case("forget-free", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
-    Case("forget-free", "spyre-eager-cp", FREEING, "finish-back-to-idle", "block leak"),
-    Case("forget-free-once", "spyre-eager-cp", FREEING, "finish-back-to-idle", "block leak"),
-    Case("forget-free-each", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
-    Case("abort-keeps-blocks", "vllm-cpu", FREEING, "aborted-request", "block leak"),
-    # vllm-spyre 1.x's CB runner (warmup reservations, its block pool): on its stack.
-    Case("leak-warmup-block", "spyre-eager-cb", FREEING, "after_warmup", "block leak",
-         stack=SPYRE_1X_STACK),
-    Case("kv-blocks-short:by=1", "vllm-cpu", "suites/test_no_recompute.py",
-         "neuron_geometry and 4", "recompute"),
-    Case("block-too-many", "vllm-cpu", "suites/test_capacity.py", "device_decided", "recompute"),
-    Case("block-too-few", "vllm-cpu", "suites/test_capacity.py", "one_block_below", "recompute"),
-    Case("block-too-many-at-edge", "vllm-cpu", "suites/test_no_recompute.py", "boundaries",
-         "block leak"),
-    Case("silent-preemption", "vllm-cpu", "suites/test_capacity.py", "one_block_below",
-         "recompute"),
-    Case("reserve-extra", "spyre-eager-cb", "suites/test_capacity.py",
-         "reservations_at_the_edge and filled", "recompute", stack=SPYRE_1X_STACK),
-    # vLLM's real preemption path on spyre (its pool never runs out by itself); the negative
-    # control in suites/test_no_recompute.py proves all four signals see it.
-    Case("preempt-running-once", "spyre-eager-cb", "suites/test_no_recompute.py",
-         "full_batch_runs and cb-64-2", "recompute", stack=SPYRE_1X_STACK),
-    Case("hide-preemption-counter", "vllm-cpu", "suites/test_capacity.py", "one_block_below",
-         "engine crash / harness error"),
-    Case("crash-engine:when=start", "vllm-cpu", TOKEN, ONE_TOKEN_TEST,
-         "engine crash / harness error"),
-    Case("hang-engine", "vllm-cpu", TOKEN, ONE_TOKEN_TEST, "timeout",
-         extra=("--engine-timeout", "15")),
-    Case("keep-dummy-on-join", "spyre-eager-cb", FREEING, "dummy_padding", "block leak",
-         stack=LEGACY_STACK),
-    # One fault per KV ledger invariant (tests/e2e/test_kv_faults.py, tests/e2e/test_legacy_stack.py).
-    Case("free-pad-block", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
-    Case("refree-block", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
-    Case("extra-ref", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
-    Case("keep-finished-blocks", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
-    Case("free-late", "vllm-cpu", FREEING, "finish-back-to-idle", "block leak"),
-    Case("free-late", "spyre-eager-cp", FREEING, "finish-back-to-idle", "block leak"),
-    Case("forget-free-in-runner", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak",
-         stack=SPYRE_1X_STACK),
-    Case("reserve-short", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak",
-         stack=SPYRE_1X_STACK),
-    Case("leak-reservation", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak",
-         stack=SPYRE_1X_STACK),
-    Case("legacy-double-free", "spyre-eager-cb", FREEING, "finish-back-to-idle", "block leak",
-         stack=LEGACY_STACK),
-    Case("misname-dummy", "spyre-eager-cb", FREEING, "dummy_padding", "block leak",
-         stack=LEGACY_STACK),
-    # sendnn-inference 2.x: promises, the runner's table and pausing (tests/e2e/test_spyre2_faults.py).
-    Case("promise-total-drift", "spyre-eager-cp", FREEING, "single-request", "block leak"),
-    Case("keep-promise", "spyre-eager-cp", "suites/test_no_recompute.py",
-         "full_batch_runs and cp-65-2", "block leak"),
-    Case("runner-keeps-finished", "spyre-eager-cp", FREEING, "finish-back-to-idle",
-         "block leak"),
-    Case("runner-wrong-block", "spyre-eager-cp", FREEING, "finish-back-to-idle", "block leak"),
-    Case("pause-at-full-batch", "spyre-eager-cp", "suites/test_no_recompute.py",
-         "full_batch_runs and cp-65-2", "recompute"),
+from harness.targets import kinds_on, selftest_modules
+from harness.targets.selftest_case import (  # noqa: F401 - the case vocabulary, re-exported
+    CAPACITY,
+    FREEING,
+    NO_RECOMPUTE,
+    ONE_TOKEN_TEST,
+    TOKEN,
+    Case,
+    vllm_cases,
 )
-# Faults that need a card (their check is the on-card verification); tests/e2e/test_card_host.py
-# proves them on the emulated card host.
-CARD_ONLY_FAULTS = ("open-other-card", "open-simulator")
-# On a card the faults that patch vLLM itself apply; the device is required, not skipped.
-CARD_CASES: dict[str, tuple[Case, ...]] = {
-    kind: tuple(
-        Case(c.fault, target, c.suite, c.select, c.expect, extra=("--require-device",))
-        for c in CPU_CASES if c.target == "vllm-cpu"
-        and c.family in ("perturb-logit", "forget-free", "crash-engine")
-    )
-    for kind, target in (("spyre", "spyre-sendnn-cp"), ("neuron", "neuron"))
-}
+
+# The kinds declare their cases, each with the kind whose target it runs on, in the module
+# their ``selftest_module`` names (harness/targets/<kind>/selftest_cases.py):
+#   CASES              run on every host: the CPU paths;
+#   DEVICE_CASES       run where the host has a device of the kind (the device required);
+#   DEVICE_ONLY_FAULTS faults with no case off the device (their check is the device's own),
+#   DEVICE_ONLY_WHY    and what proves them instead.
+
+
+def cpu_cases() -> tuple[Case, ...]:
+    """The cases every host runs (the CPU paths), from every kind, in kind order."""
+    return tuple(c for m in selftest_modules().values() for c in getattr(m, "CASES", ()))
+
+
+def device_cases(kind: str) -> tuple[Case, ...]:
+    """The cases the kind ``kind`` runs where the host has one of its devices."""
+    module = selftest_modules().get(kind)
+    return tuple(getattr(module, "DEVICE_CASES", ())) if module is not None else ()
+
+
+def device_only_faults() -> dict[str, str]:
+    """Every kind's faults that have no case off its device -> what proves them instead."""
+    return {f: getattr(m, "DEVICE_ONLY_WHY", "needs the device")
+            for m in selftest_modules().values() for f in getattr(m, "DEVICE_ONLY_FAULTS", ())}
 
 
 @dataclass
@@ -174,9 +90,9 @@ class Outcome:
 def cases_for(kinds: list[str], only: list[str] | None = None) -> list[Case]:
     """The cases of this host's device kinds (the CPU paths always), optionally only the
     families in ``only``."""
-    cases = list(CPU_CASES)
+    cases = list(cpu_cases())
     for kind in kinds:
-        cases += CARD_CASES.get(kind, ())
+        cases += device_cases(kind)
     if only:
         unknown = sorted(set(only) - set(FAULTS))
         if unknown:
@@ -186,9 +102,12 @@ def cases_for(kinds: list[str], only: list[str] | None = None) -> list[Case]:
         idle = [f for f in dict.fromkeys(only) if f not in here]
         if idle:
             # A filter that selects nothing would report "every fault family caught".
-            card = [f for f in idle if f in CARD_ONLY_FAULTS]
-            why = (f"; {', '.join(card)} needs a card (the emulated card host proves it)"
-                   if card else "")
+            elsewhere = device_only_faults()
+            by_why: dict[str, list[str]] = {}
+            for f in idle:
+                if f in elsewhere:
+                    by_why.setdefault(elsewhere[f], []).append(f)
+            why = "".join(f"; {', '.join(fs)} {w}" for w, fs in by_why.items())
             raise ValueError(f"--fault {', '.join(idle)}: no selftest case on this host"
                              f" (device kinds: {', '.join(kinds) or 'none, the CPU paths'}){why};"
                              f" faults with a case here: {', '.join(sorted(here))}")
@@ -323,10 +242,12 @@ def write_allure(outcomes: list[Outcome], results: Path, host: str | None = None
 
 
 def host_kinds(inventory: str) -> list[str]:
-    """Device kinds with a usable card on this host (the nightly's rule)."""
+    """The kinds with a device on this host that one of their device-bound variants runs on
+    (the nightly's rule: a card, not a CPU-mode stand-in listed as one)."""
     inv = load_inventory(Path(inventory)) if inventory else discover_inventory()
-    return sorted({d.kind for d in inv.devices if d.kind in ("spyre", "neuron")
-                   and (d.kind != "spyre" or d.backend == "sendnn")})
+    return sorted({k.name for d in inv.devices for k in kinds_on(d.kind)
+                   if any(k.needs_device(v) and k.serves(d, v.backend, v.mode)
+                          for v in k.variants)})
 
 
 def selftest_command(args: argparse.Namespace, extra: list[str]) -> int:

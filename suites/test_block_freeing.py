@@ -15,7 +15,10 @@ pytestmark = [
     pytest.mark.block_freeing,
     pytest.mark.nightly,
     pytest.mark.timeout(1800),
-    pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "pc", "np", "neuron"),
+    # Every variant whose KV blocks are read per step; with pausing off too (a paused request
+    # keeps its blocks, so the ledgers read pausing).
+    pytest.mark.hil_needs("kv_ledger"),
+    pytest.mark.hil_controls("pausing"),
 ]
 
 LIMITS = EngineLimits(max_model_len=256, max_num_seqs=4, cp_chunk=128)

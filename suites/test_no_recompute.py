@@ -40,7 +40,8 @@ def full_batch_scenario(model, target_variant, max_num_seqs, prompt_len):
     return fill_batch(model.tokenizer, target_variant.target, limits, prompt_len)
 
 
-@pytest.mark.hil_targets("vllm-cpu", "cb", "cp", "pc", "np", "neuron")
+@pytest.mark.hil_needs("kv_ledger")
+@pytest.mark.hil_controls("pausing")  # a pause is a failure here: pausing off is its control
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 @pytest.mark.parametrize("prompt_len", [63, 64, 65])
 def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_seqs, prompt_len):
@@ -53,9 +54,9 @@ def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_s
                hil.check_ledger(trace), hil.check_tokens(model, scenario, trace), trace=trace)
 
 
-@pytest.mark.hil_targets("vllm-cpu")
+@pytest.mark.hil_needs("harness_sized_pool")
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
-def test_neuron_geometry_needs_one_block_more_than_max_num_seqs(hil, model, target_variant, max_num_seqs):
+def test_one_block_per_sequence_needs_one_block_more_than_max_num_seqs(hil, model, target_variant, max_num_seqs):
     """block_size == max_model_len: max_num_seqs + 1 blocks (the null block) serve a full batch."""
     scenario = full_batch_scenario(model, target_variant, max_num_seqs, 64)
     engine = hil.engine_config(target_variant, model, scenario, block_size=MAX_MODEL_LEN,
@@ -67,7 +68,7 @@ def test_neuron_geometry_needs_one_block_more_than_max_num_seqs(hil, model, targ
                hil.check_tokens(model, scenario, trace), trace=trace)
 
 
-@pytest.mark.hil_targets("vllm-cpu")
+@pytest.mark.hil_needs("harness_sized_pool")
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 def test_negative_control_off_by_one_geometry_is_reported(hil, model, target_variant, max_num_seqs):
     """max_num_seqs full-length blocks (forgetting the null block): one request is held back,
@@ -83,7 +84,7 @@ def test_negative_control_off_by_one_geometry_is_reported(hil, model, target_var
     hil.expect(hil.check_tokens(model, scenario, trace), trace=trace)
 
 
-@pytest.mark.hil_targets("vllm-cpu")
+@pytest.mark.hil_needs("harness_sized_pool")
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 def test_negative_control_decode_growth_preempts(hil, model, target_variant, max_num_seqs):
     """Small blocks and a cache just big enough for the prompts: decoding runs out of blocks,
@@ -102,7 +103,7 @@ def test_negative_control_decode_growth_preempts(hil, model, target_variant, max
     hil.expect(check_preemption_seen(trace), hil.check_tokens(model, scenario, trace), trace=trace)
 
 
-@pytest.mark.hil_targets("vllm-cpu")
+@pytest.mark.hil_needs("harness_sized_pool")
 @pytest.mark.parametrize("edge", [-1, 0, 1], ids=["k*bs-1", "k*bs", "k*bs+1"])
 def test_block_boundaries_in_an_exactly_sized_pool(hil, model, target_variant, edge):
     block_size = hil.block_size(target_variant)  # the size the stack's vLLM takes
@@ -125,7 +126,7 @@ def test_block_boundaries_in_an_exactly_sized_pool(hil, model, target_variant, e
 
 
 @pytest.mark.hil_first_model  # each run starts its own engine: one model keeps CI cost small
-@pytest.mark.hil_targets("cb")
+@pytest.mark.hil_needs("forced_preemption")
 def test_negative_control_forced_preemption_is_seen(hil, model, target_variant):
     """vllm-spyre's scheduler pool never runs out by itself (its stand-in block is
     max_model_len long), so the fault preempt-running-once makes vLLM's KV cache manager

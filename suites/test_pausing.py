@@ -12,16 +12,17 @@ limit to half of that, so a full batch of two requests that decode past half of
 full-batch test must fail saying "pause:". Tokens and every KV ledger invariant still hold.
 With pausing off (mode ``np``, ``SENDNN_INFERENCE_PAUSING_ENABLED=0``) the same limit is
 applied at admission instead: the second request waits until the first has finished, so the
-batch never fills, nothing is paused and nothing preempted. Stacks whose scheduler never
-pauses (vllm-spyre 1.x, ``pausing`` in harness/targets/spyre/generations.py) skip it, saying so.
+batch never fills, nothing is paused and nothing preempted. It runs on the variants that have
+``pausing`` and on the controls that switch it off; stacks whose scheduler never pauses
+(vllm-spyre 1.x) skip it with the reason their kind gives (``capability_problem``).
 """
 
 import pytest
 
 from harness.checks.preemption import check_full_batch, check_no_preemption, check_pausing_seen
 from harness.scenario.prompts import EngineLimits, shaped_scenario
+from harness.targets import kind
 from harness.targets.geometry import FULL_BATCH
-from harness.targets.spyre.generations import for_stack
 
 pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout(1800)]
 
@@ -35,7 +36,8 @@ SHAPES = [(64, 80, 0)] * MAX_NUM_SEQS
 
 
 @pytest.mark.hil_first_model  # each run starts its own engine: one model keeps CI cost small
-@pytest.mark.hil_targets("cp", "pc", "np")
+@pytest.mark.hil_needs("pausing")
+@pytest.mark.hil_controls("pausing")  # and with pausing off: the limit applies at admission
 def test_negative_control_batch_tkv_limit_pauses_a_full_batch(hil, model, target_variant):
     limits = EngineLimits(MAX_MODEL_LEN, MAX_NUM_SEQS, cp_chunk=128)
     scenario = shaped_scenario(f"tkv-limit-{TKV_LIMIT}-{MAX_NUM_SEQS}x64", model.tokenizer,
@@ -43,16 +45,13 @@ def test_negative_control_batch_tkv_limit_pauses_a_full_batch(hil, model, target
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH,
                                extra_env=(*target_variant.device_env,
                                           (TKV_LIMIT_ENV, str(TKV_LIMIT))))
-    gen = for_stack(engine.stack)
-    if gen is None or not gen.pausing:
-        runs = gen.name if gen is not None else "no Spyre plugin"
-        pytest.skip(f"{target_variant.id} on stack {engine.stack} runs {runs}, whose scheduler"
-                    f" never pauses a decoding request (pausing, harness/targets/spyre/"
-                    f"generations.py): there is no pause to see")
+    lacking = kind(engine.target).capability_problem(target_variant, "pausing", engine.stack)
+    if lacking:
+        pytest.skip(f"{lacking}: there is no pause to see")
 
     trace = hil.run_steps(engine, scenario)
 
-    if target_variant.mode == "np":  # pausing off: the limit holds the second request back
+    if target_variant.switches_off == "pausing":  # the limit holds the second request back
         hil.expect(check_no_preemption(trace), hil.check_ledger(trace),
                    hil.check_tokens(model, scenario, trace), trace=trace)
         hil.expect_failure(check_full_batch(trace, MAX_NUM_SEQS), "full batch never reached",

@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+# The KvSnapshot source of vLLM's own scheduler pool; a kind names the ledgers its plugin keeps
+# itself in its ``ledger_sources`` (harness/targets/kind_hooks.py).
 SOURCE_VLLM_SCHEDULER = "vllm-scheduler"
-SOURCE_SPYRE_RUNNER = "spyre-runner"
-SOURCE_SPYRE_LEGACY_RUNNER = "spyre-legacy-runner"
 
 # Id prefixes of warmup requests ("warmup-0" in CB, "warmup_0" in static batching) and dummies.
 DUMMY_ID_PREFIXES = ("warmup-", "warmup_", "dummy")

@@ -65,8 +65,16 @@ class TriageResult:
     key: str  # one of KEYS
     verdict: str  # "depends on batching: fails only when decoded with another request"
     runs: tuple[TriageRun, ...] = field(default_factory=tuple)
-    seconds: float = 0.0
+    seconds: float = 0.0  # what this triage cost the run that reports it (a reused one: ~0)
     note: str = ""  # e.g. what the budget left out
+    # Reused: when the recorded triage was made ("2026-12-07 03:12:45 UTC"), its runs and
+    # verdict taken from the record (harness.triage.record); "" for a triage made in this run.
+    reused_from: str = ""
+
+    @property
+    def reused(self) -> bool:
+        """Whether this is a recorded triage reused, not one made in this run."""
+        return bool(self.reused_from)
 
     @property
     def runs_made(self) -> int:
@@ -84,7 +92,16 @@ class TriageResult:
         return cls(nodeid=str(d["nodeid"]), check=str(d["check"]), key=str(d["key"]),
                    verdict=str(d["verdict"]),
                    runs=tuple(TriageRun.from_dict(r) for r in d.get("runs", ())),
-                   seconds=float(d.get("seconds", 0.0)), note=str(d.get("note", "")))
+                   seconds=float(d.get("seconds", 0.0)), note=str(d.get("note", "")),
+                   reused_from=str(d.get("reused_from", "")))
+
+    def cost(self) -> str:
+        """What the triage cost, in words: ``9 runs, 26.1 s``; a reused one says when it was
+        made (``9 runs, reused: triaged 2026-12-07 03:12:45 UTC, 0.0 s now``)."""
+        if self.reused:
+            return (f"{self.runs_made} runs, reused: triaged {self.reused_from},"
+                    f" {self.seconds:.1f} s now")
+        return f"{self.runs_made} runs, {self.seconds:.1f} s"
 
     def table(self) -> str:
         """The runs as a Markdown table (the Allure attachment, ``hil triage``)."""
@@ -97,5 +114,5 @@ class TriageResult:
                          f" {r.outcome} | {r.seconds:.1f} | {why} |")
         if self.note:
             lines += ["", self.note]
-        lines += ["", f"{self.runs_made} runs, {self.seconds:.1f} s"]
+        lines += ["", self.cost()]
         return "\n".join(lines)

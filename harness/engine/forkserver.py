@@ -20,6 +20,9 @@ harness.in_engine.process`` would:
   differ in one of them is started fresh instead.
 - Faults are installed in the child (``harness.in_engine.process`` as before), after
   the fork, so they patch the child's copy of vLLM only.
+- The parent imports nothing from the kind registry by itself: every kind's plugin preload
+  map, and the modules engines import from the kinds by name, come in its environment
+  (``harness.engine.start_config.fork_parent_env``), as an engine's come in its configuration.
 - Isolation: the child is its own process with its own log on stdout and stderr;
   killing it leaves the parent alone; it dies with the parent (PR_SET_PDEATHSIG),
   and a parent that died is seen as the child's death.
@@ -43,6 +46,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import IO, Any
 
+from harness.engine.start_config import fork_parent_env
 from harness.targets import late_env_prefixes
 
 log = logging.getLogger("harness.engine")
@@ -150,7 +154,8 @@ class ForkServer:
             logf: IO[bytes] = open(log_path, "ab")
             proc = subprocess.Popen(
                 [python, "-m", "harness.in_engine.fork_parent", address],
-                env={**env, "HIL_FORKSERVER_AUTHKEY": authkey.hex()}, cwd=cwd,
+                env={**env, **fork_parent_env(), "HIL_FORKSERVER_AUTHKEY": authkey.hex()},
+                cwd=cwd,
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
             logf.close()
         else:

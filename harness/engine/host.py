@@ -35,6 +35,7 @@ from harness.core.errors import (
 )
 from harness.core.paths import REPO_ROOT
 from harness.engine import forkserver
+from harness.engine.start_config import engine_config
 
 log = logging.getLogger("harness.engine")
 
@@ -122,7 +123,7 @@ class EngineHost:
         try:
             self.conn = self._accept(start_timeout)
             self.conn.send(
-                ("start", {"config": cfg.to_dict(), "llm_kwargs": llm_kwargs})
+                ("start", {"config": engine_config(cfg), "llm_kwargs": llm_kwargs})
             )
             self.info: dict[str, Any] = self._receive(start_timeout, starting=True)
         except BaseException:

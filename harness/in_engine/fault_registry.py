@@ -5,7 +5,7 @@ every fault shares: the arming switch (faults stay dormant through engine start-
 ``Once`` (the guard of a fault that fires once) and the target hooks through which a
 kind's fault module adapts a generic fault to its runner. Nothing here imports vLLM, nor
 the faults package (``harness.in_engine.faults``) that loads every fault module: a kind's
-fault module imports this one, and that package imports the kind's module.
+fault module imports this one, and that package imports the kind's module by name.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ process (``harness.in_engine.process``) per request from the harness side
 (``harness.engine.forkserver``). A module whose import would resolve the platform is left for
 the child, or for the platform parent forked from this one (on vLLM 0.28 that is all of vLLM:
 ``import vllm`` reads the platform). What each kind's plugin adds once its platform is resolved
-is the kind's own (``plugin_preload`` of the kinds in ``harness.targets``).
+is the kind's own (its ``plugin_preload``): the harness side hands every kind's map to the
+parent in its environment (``harness.in_engine.kind_modules.FORK_PARENT_ENV``), with the
+modules its engines import from the kinds by name, which the parent imports once for all.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from multiprocessing.connection import Client, Connection
 from typing import Any
 
 from harness.in_engine import process
-from harness.targets import KINDS
+from harness.in_engine.kind_modules import FORK_PARENT_ENV, ForkParentModules, import_modules
 
 # What the parent imports: what ``from vllm import LLM`` and an engine start pull in,
 # where importable without resolving the platform. Missing modules are skipped.
@@ -53,10 +55,10 @@ PLATFORM_PRELOAD = (
     "vllm.entrypoints.openai.cli_args", "vllm.distributed.device_communicators.shm_broadcast",
     "vllm.distributed.elastic_ep.elastic_execute",
 )
-# Imported only where the resolved platform is a kind's plugin (module prefix -> modules).
-PLUGIN_PRELOAD: dict[str, tuple[str, ...]] = {
-    prefix: modules for k in KINDS.values() for prefix, modules in k.plugin_preload.items()
-}
+# Imported only where the resolved platform is a kind's plugin (module prefix -> modules):
+# every kind's, read from FORK_PARENT_ENV when the parent starts (``main``); a platform
+# parent, forked from that parent, has it already.
+PLUGIN_PRELOAD: dict[str, tuple[str, ...]] = {}
 
 # ---------------------------------------------------------------------------
 # The parent process
@@ -303,8 +305,15 @@ def serve(conn: Connection, platform: bool = False) -> int:
 
 def main(argv: list[str], platform: bool = False) -> int:
     authkey = bytes.fromhex(os.environ.pop("HIL_FORKSERVER_AUTHKEY"))
+    # Popped: the engines forked from here get the environment their host gives them. A
+    # platform parent finds none: it was forked from a parent that read it.
+    kinds = ForkParentModules.from_env(os.environ.pop(FORK_PARENT_ENV, ""))
+    PLUGIN_PRELOAD.update(kinds.plugin_preload)
     conn = Client(argv[1], family="AF_UNIX", authkey=authkey)
     try:
+        # What every engine imports from the kinds by name (their fault and probe modules), once
+        # here; before ``preload``, so its record of variables read stays that of the stack's.
+        import_modules(kinds.modules)
         # A platform parent imports what its parent skipped too: on vLLM 0.28 all of vLLM,
         # whose ``import vllm`` resolves the platform.
         report = preload((*PRELOAD, *PLATFORM_PRELOAD), platform=True) if platform else preload()

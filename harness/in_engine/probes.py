@@ -7,8 +7,9 @@ vLLM V1 keeps its blocks in ``scheduler.kv_cache_manager`` (``KVCacheManager``) 
 ``coordinator.single_type_managers[i].req_to_blocks`` and ``block_pool`` (``blocks``,
 ``free_block_queue``, ``null_block``); block 0 is the null block. A plugin that keeps
 a ledger of its own (a runner's pool, promises, a runner's block table) registers a
-reader for it (``register_runner_reader``) from its kind's probe module; the Spyre
-kind's is ``harness.targets.spyre.ledger``.
+reader for it (``register_runner_reader``) from its kind's probe module, which the engine
+process imports by the name its configuration carries (the Spyre kind's is
+``harness.targets.spyre.ledger``).
 """
 
 from __future__ import annotations
@@ -164,8 +165,9 @@ def _model_runner(engine_core: Any) -> Any:
     return getattr(inner, "model_runner", None)
 
 
-# Readers of a plugin's own ledger, registered by the kinds' probe modules
-# (``TargetKind.probe_modules``, imported in the engine process by ``harness.targets``).
+# Readers of a plugin's own ledger, registered by the engine's kind's probe modules
+# (``TargetKind.probe_modules``, named in the engine's configuration and imported by the engine
+# process: ``harness.in_engine.kind_modules``).
 # Each reads the scheduler and the model runner beside vLLM's scheduler snapshot: it adds
 # what its plugin keeps (its own pool, promises, a runner's block table) to ``snaps`` and
 # says True, or says False for a scheduler and runner that are not its plugin's.

@@ -27,11 +27,11 @@ from harness.core.trace import (
 from harness.in_engine import faults
 from harness.in_engine import teacher_forcing as forcing
 from harness.in_engine.executed import ExecutedTokens
+from harness.in_engine.kind_modules import KindModules, engine_info, import_modules
 from harness.in_engine.legacy_preemptions import recorded_schedule
 from harness.in_engine.probe_delta import DeltaTracker
 from harness.in_engine.probes import snapshot_engine
 from harness.in_engine.teacher_forcing import EXTRA_ARG, forced_request_trace
-from harness.targets import kind, load_probe_modules
 
 
 def _error(e: BaseException) -> tuple[str, dict[str, str]]:
@@ -93,7 +93,7 @@ class EngineSide:
         device = os.environ.get("HIL_DEVICE_ID", "cpu (shared)")
         print(f"[hil] engine {config.get('target')} {config.get('mode') or ''} on device {device}",
               flush=True)
-        load_probe_modules()  # the kinds' readers of their plugins' own ledgers
+        import_modules(KindModules.from_config(config).probe_modules)  # the kind's ledger readers
         faults.apply_faults(list(config.get("faults", [])), config)
         # deferred: a heavy import, paid only where this runs
         from vllm import LLM
@@ -151,7 +151,7 @@ class EngineSide:
                 info["kv_pad_blocks"] = len(real[-1].pad_blocks)
         except Exception as e:  # the ledger is optional for serving; say why it is absent
             info["kv_error"] = repr(e)
-        info.update(kind(str(self.config["target"])).engine_info())  # the kind's own facts
+        info.update(engine_info(self.config))  # the kind's own facts, by the name it sent
         return info
 
     def generate(self, payload: dict[str, Any]) -> dict[str, Any]:

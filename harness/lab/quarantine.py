@@ -11,7 +11,9 @@ The list is a checked-in TOML file, one entry per known failure:
 non-strict xfail: a failure shows as known (XFAIL, with reason and issue); a
 pass (XPASS) is reported at the end with a warning to lift the quarantine. An entry with
 ``stacks = ["default"]`` holds only in runs on those stacks (a bug of one plugin generation:
-the same test on another stack must pass); in a run on another stack it is not judged.
+the same test on another stack must pass); in a run on another stack it is not judged. One with
+``cpu_lacks = ["avx512f"]`` holds only on hosts whose CPU lacks those flags (a failure of the
+kernels a stack picks on such hosts); on other hosts it is not judged either.
 
 A test listed twice is refused (which reason holds?). An entry that matches no collected test
 (its test was renamed, or it never matched) is a warning, and refused under
@@ -40,14 +42,43 @@ class KnownFailure:
     issue: str
     where: str = field(default="", compare=False)  # "FILE: known #N" in messages
     stacks: tuple[str, ...] = ()  # the stacks it holds on; () for every stack
+    # CPU flags (/proc/cpuinfo) the host must lack for it to hold: a failure of the kernels a
+    # stack picks on such hosts only (vLLM's CPU platform loads other kernels per ISA).
+    cpu_lacks: tuple[str, ...] = ()
 
-    def holds_on(self, stack: str) -> bool:
-        return not self.stacks or stack in self.stacks
+    def holds_on(self, stack: str, cpu_flags: frozenset[str] | None = None) -> bool:
+        """Whether the entry holds in a run on ``stack``, on a host with ``cpu_flags`` (None:
+        this host's)."""
+        return self.why_not(stack, cpu_flags) is None
+
+    def why_not(self, stack: str, cpu_flags: frozenset[str] | None = None) -> str | None:
+        """Why the entry does not hold in a run on ``stack`` on this host, or None."""
+        if self.stacks and stack not in self.stacks:
+            return f"it holds on stack(s) {', '.join(self.stacks)}, this run is on {stack!r}"
+        if self.cpu_lacks:
+            flags = host_cpu_flags() if cpu_flags is None else cpu_flags
+            has = [f for f in self.cpu_lacks if f in flags]
+            if has:
+                return (f"it holds on hosts whose CPU lacks {', '.join(self.cpu_lacks)}; this"
+                        f" host's has {', '.join(has)}")
+        return None
 
     def matches(self, nodeid: str) -> bool:
         # Node ids hold brackets, so only * and ? are wildcards here (unlike fnmatch).
         pattern = re.escape(self.test).replace(r"\*", ".*").replace(r"\?", ".")
         return re.fullmatch(pattern, nodeid) is not None
+
+
+def host_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU flags of this host (the first ``flags`` line of /proc/cpuinfo; none where it
+    cannot be read)."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def load_quarantine(path: Path, required: bool = False,
@@ -82,18 +113,33 @@ def load_quarantine(path: Path, required: bool = False,
             raise ValueError(f"{path}: known #{n} ({e['test']!r}): stacks names {unknown[0]!r},"
                              f" which is no stack (stacks/*.toml: {', '.join(names or [])})")
         known.append(KnownFailure(e["test"], e["reason"], e["issue"], f"{path}: known #{n}",
-                                  named))
+                                  named, tuple(e.get("cpu_lacks", ()))))
     return known
 
 
+# The entry that quarantined each test of this process's last collection (node id -> entry):
+# a failure's triage asks it (``quarantined_by``) without reaching for the pytest item.
+_APPLIED: dict[str, KnownFailure] = {}
+
+
 def apply_quarantine(items: list[Any], known: list[KnownFailure]) -> None:
+    """Mark each of ``items`` that an entry of ``known`` matches as a non-strict xfail (the
+    first entry that matches), and remember the entry for ``quarantined_by``."""
+    _APPLIED.clear()
     for item in items:
         for k in known:
             if k.matches(item.nodeid):
                 item.add_marker(pytest.mark.xfail(
                     reason=f"quarantined: {k.reason} ({k.issue})", strict=False))
                 item.user_properties.append(("quarantine", k.issue))
+                _APPLIED[item.nodeid] = k
                 break
+
+
+def quarantined_by(nodeid: str) -> KnownFailure | None:
+    """The entry that quarantined test ``nodeid`` in this process's collection (on this run's
+    stack), or None when the test is not quarantined."""
+    return _APPLIED.get(nodeid)
 
 
 def quarantined_passes(terminalreporter: Any) -> list[str]:

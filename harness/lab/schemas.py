@@ -34,13 +34,13 @@ INVENTORY_SCHEMA: dict[str, Any] = {
                 "required": ["id", "kind"],
                 "properties": {
                     "id": {"type": "string", "pattern": DEVICE_ID_PATTERN},
-                    "kind": {"enum": []},  # filled from the kind registry: inventory_schema()
-                    "backend": {"enum": ["sendnn", "eager"]},
+                    # kind, backend and each kind's own keys (before env): filled from the
+                    # kind registry by inventory_schema()
+                    "kind": {"enum": []},
+                    "backend": {"enum": []},
                     "address": {"type": "string", "minLength": 1},
                     "features": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                     "health": {"enum": ["ok", "broken", "maintenance"]},
-                    "cores": {"type": "string", "minLength": 1},  # neuron only
-                    "engine": {"type": "object"},  # neuron only: harness/targets/neuron/config.py
                     "env": {
                         "type": "object",
                         "propertyNames": {"pattern": ENV_NAME_PATTERN},
@@ -53,9 +53,19 @@ INVENTORY_SCHEMA: dict[str, Any] = {
 }
 
 def inventory_schema() -> dict[str, Any]:
-    """The inventory schema with the device kinds the kind registry declares (cpu, spyre, ...)."""
+    """The inventory schema with what the kind registry's device kinds declare: their names
+    (``kind``), their backends (``backend``) and their own keys with their schemas, placed
+    before ``env`` (a key several kinds declare takes the first one's schema)."""
     schema = copy.deepcopy(INVENTORY_SCHEMA)
-    schema["properties"]["device"]["items"]["properties"]["kind"]["enum"] = list(device_kinds())
+    fields = schema["properties"]["device"]["items"]["properties"]
+    kinds = device_kinds().values()
+    fields["kind"]["enum"] = [dk.name for dk in kinds]
+    fields["backend"]["enum"] = list(dict.fromkeys(b for dk in kinds for b in dk.backends))
+    env = fields.pop("env")
+    for dk in kinds:
+        for key in dk.inventory_keys:
+            fields.setdefault(key, copy.deepcopy(dict(dk.inventory_key_schemas.get(key, {}))))
+    fields["env"] = env
     return schema
 
 
@@ -75,6 +85,8 @@ QUARANTINE_SCHEMA: dict[str, Any] = {
                     "issue": {"type": "string", "minLength": 1},
                     "stacks": {"type": "array", "minItems": 1,
                                "items": {"type": "string", "minLength": 1}},
+                    "cpu_lacks": {"type": "array", "minItems": 1, "uniqueItems": True,
+                                  "items": {"type": "string", "pattern": r"^[a-z0-9_]+$"}},
                 },
             },
         },

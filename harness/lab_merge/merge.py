@@ -25,11 +25,13 @@ from harness.report.categories import write_categories
 from harness.report.report_output import swap_in
 from harness.report.results import ResultsFolder, labels_of, load_results, params_of
 from harness.report.run_config import format_properties, read_properties
+from harness.targets import stack_distributions
 
 ARCHIVES = (".tar.gz", ".tgz", ".zip")
-# environment.properties keys that must agree between shards of one nightly.
-SAME_STACK = ("vllm-hil commit", "torch", "vLLM", "vLLM (upstream)", "vllm-spyre", "vllm-neuron",
-              "transformers", "ibm-fms", "python")
+# environment.properties keys that must agree between shards of one nightly (the kinds' plugins
+# as the kinds declare them).
+SAME_STACK = ("vllm-hil commit", "torch", "vLLM", "vLLM (upstream)",
+              *(label for label, _ in stack_distributions()), "transformers", "ibm-fms", "python")
 SHARD_RX = re.compile(r"^\s*(\d+)/(\d+)\s*(.*)$")
 
 

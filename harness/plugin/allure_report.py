@@ -38,6 +38,7 @@ from harness.checks.logprobs import compare_logprobs
 from harness.core.serialise import snapshot_to_dict
 from harness.core.verdict import VerdictFailed
 from harness.plugin.activation import is_active
+from harness.plugin.faults_declared import run_faults
 from harness.plugin.invocation import is_worker
 from harness.plugin.options import ALLURE, add_options, option_value
 from harness.plugin.ordering import shard_with_plan
@@ -105,7 +106,7 @@ def _write_config(config: pytest.Config) -> None:
         run = RunOptions(
             targets=str(option_value(config, "--target", "") or "all"),
             models=str(option_value(config, "--model", "")),
-            faults=", ".join(option_value(config, "--inject-fault", []) or []) or "none",
+            faults=", ".join(run_faults(config)) or "none",
             markers=str(config.getoption("-m", "") or ""),
             workers=str(getattr(config.option, "numprocesses", None) or "0"),
             inventory=str(option_value(config, "--inventory", "") or ""),

@@ -1,6 +1,6 @@
 """What the engines run with, checked before any test: the faults to inject (and whether
-outside code may be one), the device root and host Python they inherit, the stack, the
-inventory."""
+outside code may be one; none inherited from the environment), the device root and host Python
+they inherit, the stack, the inventory."""
 
 from __future__ import annotations
 
@@ -10,25 +10,51 @@ from pathlib import Path
 import pytest
 
 from harness.core.devices import device_root
-from harness.in_engine.faults import ALLOW_EXTERNAL_ENV, parse_fault
+from harness.in_engine.faults import ALLOW_EXTERNAL_ENV, check_fault_spec, env_fault_specs
 from harness.lab.inventory import load_inventory
+from harness.plugin.faults_declared import note_run_start, remember_device_faults
 from harness.plugin.options import option_value
 from harness.stacks.host import HOST, is_unpinned
-from harness.stacks.spec import StackError, load_stack, stack_python
+from harness.stacks.spec import StackError, list_stacks, load_stack, stack_python
+from harness.targets import all_variants
+
+FAULTS_ENV = "HIL_FAULTS"
 
 
 def check_faults(config: pytest.Config) -> None:
+    """Refuse a ``HIL_FAULTS`` the run inherited, and every ``--inject-fault`` spec that would
+    not install as written (``check_fault_spec``): a fault is installed only when the run
+    asks for it, and only where it asked."""
+    check_no_ambient_faults()
+    note_run_start(config)
     allow_external = bool(option_value(config, "--allow-external-faults"))
     # Engines install the faults and inherit this; only the option may allow outside code.
     if allow_external:
         os.environ[ALLOW_EXTERNAL_ENV] = "1"
     else:
         os.environ.pop(ALLOW_EXTERNAL_ENV, None)
+    variants = list(all_variants())
+    stacks = [*list_stacks(), HOST]
     for spec in option_value(config, "--inject-fault"):
         try:
-            parse_fault(spec, allow_external=allow_external)
+            check_fault_spec(spec, variants, stacks, allow_external=allow_external)
         except (ValueError, ImportError, AttributeError) as e:
             raise pytest.UsageError(f"--inject-fault: {e}") from None
+
+
+def check_no_ambient_faults() -> None:
+    """Refuse a ``HIL_FAULTS`` in this run's environment: every engine would install it while
+    no report names it, so its failures would read as the stack's own bugs. The run's faults
+    come from ``--inject-fault`` and an inventory device's ``env.HIL_FAULTS`` (which reaches
+    only that device's engines); ``hil selftest`` and ``hil triage`` pass theirs as options."""
+    value = os.environ.get(FAULTS_ENV, "")
+    if not value.strip():
+        return
+    options = " ".join(f"--inject-fault '{s}'" for s in env_fault_specs(value))
+    raise pytest.UsageError(
+        f"env {FAULTS_ENV}={value!r}: a fault from the environment would be installed in every"
+        f" engine of this run and named in no report; pass it as {options or '--inject-fault'},"
+        f" or unset {FAULTS_ENV}")
 
 
 def export_engine_env(config: pytest.Config) -> None:
@@ -60,7 +86,8 @@ def check_inventory(config: pytest.Config) -> None:
     if not inv:
         return
     try:
-        load_inventory(Path(inv), device_root(),
-                       allow_external_faults=bool(option_value(config, "--allow-external-faults")))
+        inventory = load_inventory(Path(inv), device_root(), allow_external_faults=bool(
+            option_value(config, "--allow-external-faults")))
     except ValueError as e:  # InventoryError among them
         raise pytest.UsageError(str(e)) from None
+    remember_device_faults(config, inventory)

@@ -15,6 +15,7 @@ from harness.engine.order import save_record
 from harness.lab.inventory import discover_inventory, load_inventory
 from harness.lab.lease_files import LeaseDirError
 from harness.lab.leases import LeaseManager, LeaseUnavailable
+from harness.plugin.faults_declared import device_faults
 from harness.plugin.options import option_value
 from harness.plugin.ordering import file_warnings
 from harness.session.facade import HilSession, Model, SessionOptions
@@ -49,6 +50,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         call_timeout=opt("--engine-timeout"),
         start_timeout=opt("--engine-start-timeout"),
         faults=tuple(opt("--inject-fault")),
+        device_faults=tuple(device_faults(pytestconfig)),
         kv_probe=not opt("--no-kv-probe"),
         stack=opt("--stack"),
         plan_only=opt("--hil-plan"),

@@ -9,11 +9,23 @@ plugin registers only its harness-specific options (giving one asks for it) and 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from harness.plugin import allure_report, engine_setup, ordering, outputs, selection, summary
+from harness.plugin import (
+    allure_report,
+    engine_setup,
+    faults_declared,
+    ordering,
+    outputs,
+    selection,
+    stack_variants,
+    summary,
+)
 from harness.plugin.activation import active_because, is_active, register_fixtures
-from harness.plugin.options import HOOKS, add_options, check_settings
+from harness.plugin.invocation import is_worker
+from harness.plugin.options import HOOKS, add_options, check_settings, option_value
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -41,9 +53,12 @@ def pytest_configure(config: pytest.Config) -> None:
     outputs.end_on_sigterm(config)
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
     why = active_because(config)
-    return f"vllm-hil: active ({why})" if why else None
+    if not why:
+        return None
+    faults = faults_declared.faults_header(config)  # a fault no report names reads as a bug
+    return [f"vllm-hil: active ({why})", *([faults] if faults else [])]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -84,7 +99,11 @@ def begin_run(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if is_active(session.config):
         outputs.write_timing(session.config)
+        if not is_worker(session.config):  # the workers' engines have all started by now
+            faults_declared.fail_uninstalled_faults(
+                session, Path(option_value(session.config, "--hil-reports-dir")))
         ordering.usage_exit_of_refused_workers(session)
+        stack_variants.usage_exit_of_empty_stack(session)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -94,9 +113,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 # Last, so that the shards are planned over what -m and -k left.
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                   items: list[pytest.Item]) -> None:
     if not is_active(config):
         return
+    # What -m and -k left, without the tests of a suite the stack lacks; none left is refused.
+    stack_variants.drop_emptied(config, items)
+    stack_variants.refuse_empty_stack(session, config, items)
     ordering.order_items(config, items)
     ordering.keep_shard(config, items)
     ordering.quarantine(config, items)

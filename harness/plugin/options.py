@@ -195,8 +195,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--max-live-engines", kind="count", default=MAX_LIVE_ENGINES,
            help=f"engines kept alive at once per worker (default {MAX_LIVE_ENGINES})"),
     Option("--inject-fault", action="append", default=list, metavar="FAULT[:k=v,...]",
-           help="install a fault (harness/in_engine/faults/) in every engine, to prove the"
-           " checks fail; repeatable"),
+           help="install a fault (harness/in_engine/faults/) in every engine (variant=ID or"
+           " stack=NAME: only in those), to prove the checks fail; repeatable. A HIL_FAULTS in"
+           " the environment is refused: faults are named by this option or an inventory"),
     Option("--allow-external-faults", action="store_true", default=False,
            help="allow --inject-fault and an inventory's HIL_FAULTS to name a"
            " module.function outside harness/in_engine/faults/ (it is imported and run)"),
@@ -248,10 +249,10 @@ OPTIONS: tuple[Option, ...] = (
              f" --near-tie-tol; {t.default:.2f} where no model is at hand)")
       for t in near_tie_tolerances()),
     Option("--logprob-tol", kind="tolerance", default=None,
-           help="logprob closeness on the fp32 CPU paths (vllm-cpu, spyre eager): max |device -"
-           f" reference| logprob of a compared token, in nats (default {TOL_FP32:g})"),
+           help="logprob closeness on the fp32 CPU paths: max |device - reference| logprob of"
+           f" a compared token, in nats (default {TOL_FP32:g})"),
     Option("--logprob-tol-card", kind="tolerance", default=None,
-           help="logprob closeness in fp16/bf16 (sendnn, neuron, vllm-cpu-bf16): a flat max"
+           help="logprob closeness on the reduced-precision (fp16/bf16) backends: a flat max"
            " |device - reference| logprob in nats instead of the precision's calibrated limit"
            f" and band (hil calibrate; {TOL_CARD:g} where no model is at hand)"),
     Option("--no-teacher-forcing", action="store_true", default=False,

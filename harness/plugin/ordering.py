@@ -133,16 +133,16 @@ def quarantine(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Quarantine ``items``; warn of entries that match no collected test (refuse them under
     --strict-quarantine), judged over the whole collection (quarantine.judge_quarantine)."""
     stack = str(option_value(config, "--stack", "default") or "default")
-    known = [k for k in config.stash.get(QUARANTINE_KEY, []) if k.holds_on(stack)]
-    elsewhere = [k for k in config.stash.get(QUARANTINE_KEY, []) if not k.holds_on(stack)]
+    entries = config.stash.get(QUARANTINE_KEY, [])
+    known = [k for k in entries if k.holds_on(stack)]
+    elsewhere = [(k, why) for k in entries if (why := k.why_not(stack)) is not None]
     apply_quarantine(items, known)
     if not known and not elsewhere:
         return
     check = judge_quarantine(known, [(i.nodeid, param_ids(i)) for i in
                                      collected_items(config, items)],
                              other_ids=[*VARIANTS, *MODEL_SPECS])
-    check.not_judged += [(k, f"it holds on stack(s) {', '.join(k.stacks)}, this run is on"
-                             f" {stack!r}") for k in elsewhere]
+    check.not_judged += elsewhere
     config.stash[QUARANTINE_CHECK_KEY] = check
     if check.unmatched and option_value(config, "--strict-quarantine"):
         refusal = STRICT_REFUSAL + "; ".join(check.warnings())

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from fixtures.models import MODEL_SPECS
+from harness.plugin import stack_variants
 from harness.plugin.options import option_value
 from harness.scenario.model_folder import ModelFolderError, check_model_folder
 from harness.targets import kind, kind_markers
+from harness.targets.declarations import CAPABILITIES, unknown_capabilities
 from harness.targets.variants import TargetVariant, select_variants
 
 MARKERS = {
@@ -20,6 +22,10 @@ MARKERS = {
     "block_freeing": "suite: padding and dummy KV blocks are freed",
     "capacity": "suite: KV block count can serve a full-length request",
     "hil_targets": "hil_targets(spec): limit a test's target variants (same syntax as --target)",
+    "hil_needs": "hil_needs(capability, ...): run on the variants that have every one"
+                 " (harness/targets/declarations.py CAPABILITIES)",
+    "hil_controls": "hil_controls(capability, ...): run as well the opt-in controls that switch"
+                    " one off (where --target names them)",
     "hil_first_model": "run only on the first model of --model (a control whose cost is engine starts)",
     "nightly": "in the nightly selection (hil nightly)",
     "slow": "end to end: starts engines or child pytests (deselect with -m 'not slow')",
@@ -82,9 +88,22 @@ def _start_allowance(metafunc: pytest.Metafunc, variant: TargetVariant) -> list[
     return [pytest.mark.timeout(float(budget) + start)] if budget is not None else []
 
 
+def _capabilities(metafunc: pytest.Metafunc, marker: str) -> frozenset[str]:
+    """The capabilities a test's ``marker`` markers name (the module's and its own, together);
+    a name that is no capability is a usage error, as a marker's typo is."""
+    names = [str(a) for m in metafunc.definition.iter_markers(marker) for a in m.args]
+    unknown = unknown_capabilities(names)
+    if unknown:
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid}: {marker} names {', '.join(map(repr, unknown))}, no"
+            f" capability; known: {', '.join(CAPABILITIES)}")
+    return frozenset(names)
+
+
 def parametrize(metafunc: pytest.Metafunc) -> None:
     """Parametrize ``model`` over --model and ``target_variant`` over --target (each test's
-    ``hil_first_model`` and ``hil_targets`` markers narrowing them)."""
+    ``hil_first_model``, ``hil_targets`` and ``hil_needs`` / ``hil_controls`` markers narrowing
+    them); the variants the run's stack lacks are left out (``stack_variants.offered``)."""
     config = metafunc.config
     if "model" in metafunc.fixturenames:
         models = model_values(config)
@@ -98,10 +117,13 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
         if limit is not None:
             allowed = {v.id for v in select_variants(",".join(limit.args))}
             variants = [v for v in variants if v.id in allowed]
+        needs, controls = _capabilities(metafunc, "hil_needs"), _capabilities(metafunc, "hil_controls")
+        variants = [v for v in variants if v.admitted(needs, controls)]
         # A variant for some suites only (vllm-cpu-bf16: token equality) runs where the test
         # carries one of their markers.
         variants = [v for v in variants if not v.suites
                     or any(metafunc.definition.get_closest_marker(s) for s in v.suites)]
+        variants = stack_variants.offered(metafunc, variants)  # only what --stack's software has
         params = [
             pytest.param(v, id=v.id, marks=[*(getattr(pytest.mark, m) for m in v.markers),
                                              *_start_allowance(metafunc, v)])

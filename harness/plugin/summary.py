@@ -1,9 +1,11 @@
 """The run's terminal summary (section ``vllm-hil``): quarantined tests that pass now, the
-warnings about the harness's own files and the quarantine (ordering.py), and what the workers'
-statistics files say: engines started, cards, engine hygiene, reference cache, near-ties,
-near-tie exposure, teacher-forced agreement, the calibrated thresholds reduced-precision
-targets were judged by, and each triaged failure's verdict with what its triage cost. A statistics file that cannot be read is named and left out; one of an older run,
-written before a key existed, counts as having none of it."""
+warnings about the harness's own files and the quarantine (ordering.py), the stack and what it
+lacks (its tests not collected: stack_variants.py), and what the workers' statistics files say:
+engines started, cards, engine hygiene, reference cache, near-ties, near-tie exposure,
+teacher-forced agreement, the calibrated thresholds reduced-precision targets were judged by,
+and each triaged failure's verdict with what its triage cost. A statistics file that cannot be
+read is named and left out; one of an older run, written before a key existed, counts as having
+none of it."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from harness.plugin.invocation import is_worker
 from harness.plugin.options import option_value
 from harness.plugin.ordering import file_warnings, quarantine_notes
 from harness.plugin.outputs import run_begun
+from harness.plugin.stack_variants import lacks_lines
 from harness.report.calibration_report import calibration_terminal_lines, unique_calibrations
 from harness.report.root_cause import hygiene_lines
 from harness.report.triage_report import rows_from_stats, terminal_lines
@@ -124,6 +127,8 @@ def write_summary(tr: pytest.TerminalReporter, config: pytest.Config) -> None:
     for line in unread:
         tr.write_line(f"WARNING: {line}", yellow=True)
     tr.write_line(f"stack: {option_value(config, '--stack')}")
+    for line in lacks_lines(config):
+        tr.write_line(line)
     for line in s.leases:
         tr.write_line(f"lease: {line}")
     starts = ", ".join(f"{e['config']} {e['seconds']}s" for e in s.engines) or "none"

@@ -29,7 +29,7 @@ from typing import Any
 
 from harness.checks.distribution import DISTRIBUTION_DISTANCE, DISTRIBUTION_UNRECORDED
 from harness.core import verdict as checks
-from harness.targets import device_kinds
+from harness.targets import capacity_refusals, device_kinds
 
 FAILED, BROKEN, SKIPPED = "failed", "broken", "skipped"
 
@@ -102,8 +102,8 @@ CATEGORIES: tuple[Category, ...] = (
         "capacity",
         "the KV block count cannot serve one full-length request",
         (
-            # vllm-spyre's own refusal at start; it raises a plain ValueError.
-            r"Number of pages available on Spyre",
+            # The stacks' own refusals at start (the kinds' capacity_refusal): plain ValueErrors.
+            *(re.escape(text) for text in capacity_refusals()),
             _EXC + r"CapacityError:",
         ),
         families=(checks.CAPACITY,),

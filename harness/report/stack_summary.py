@@ -12,7 +12,8 @@ stack only that stack's statistics (agreement, exposure, engine hygiene, cards) 
 and ``REPORTS_DIR/stacks/run.json`` (the stacks in run order, the results folder and how many
 results it held). The merged ``summary.md`` is: the totals, the stack x suite x target matrix
 and the skipped tests by reason (from each stack's junit file, ``harness.report.stack_matrix``),
-then each part under its stack's heading. ``hil report`` of the same results folder remakes the
+what each stack does not have (its stack file: not collected, ``stack_lacks_section``), then
+each part under its stack's heading. ``hil report`` of the same results folder remakes the
 merged summary from the parts.
 """
 
@@ -33,6 +34,7 @@ from harness.report.calibration_report import (
 )
 from harness.report.results import ResultsFolder, load_results, params_of
 from harness.report.run_config import INTERRUPTED_KEY, read_properties
+from harness.report.stack_lacks_section import lacks_markdown
 from harness.report.stack_matrix import (
     Case,
     group_skips,
@@ -42,7 +44,13 @@ from harness.report.stack_matrix import (
     skips_markdown,
     totals_line,
 )
-from harness.report.summary import is_table_row, summary_text, write_summary, write_text_safely
+from harness.report.summary import (
+    is_table_row,
+    summary_text,
+    with_faults_line,
+    write_summary,
+    write_text_safely,
+)
 from harness.stacks.spec import DEFAULT_STACK, StackError, load_stack
 from harness.targets import all_variants
 
@@ -112,12 +120,14 @@ def part_section(stack: str, part: str | None, exit_code: int | None) -> str:
 
 
 def compose_merged(stacks: Sequence[str], cases: Sequence[Case], matrix: str, skips: str,
-                   sections: Sequence[str], problems: Sequence[str] = ()) -> str:
-    """The merged summary: title, totals, matrix, skips, each stack's section, problems."""
+                   sections: Sequence[str], problems: Sequence[str] = (), lacks: str = "") -> str:
+    """The merged summary: title, totals, matrix, what each stack lacks, skips, each stack's
+    section, problems."""
     lines = [f"# vllm-hil run: {len(stacks)} stacks ({', '.join(stacks)})", "",
              totals_line(cases), "", matrix.rstrip("\n"), ""]
-    if skips:
-        lines += [skips.rstrip("\n"), ""]
+    for text in (lacks, skips):
+        if text:
+            lines += [text.rstrip("\n"), ""]
     for section in sections:
         lines += [section.rstrip("\n"), ""]
     if problems:
@@ -152,8 +162,10 @@ def save_stack_part(reports: Path, allure_dir: Path, stack: str, exit_code: int,
     tests = tests_of_stack(load_results(Path(allure_dir)).tests, stack)
     figures = part / FIGURES_DIR
     write_calibration_svgs(calibrations_from_stats(part / "stats"), figures)
+    # What the stack lacks is the merged summary's, once per stack, not each part's.
     (part / "summary.md").write_text(summary_text(tests, [], part / "stats",
-                                                  title=f"stack {stack}", figures=figures))
+                                                  title=f"stack {stack}", figures=figures,
+                                                  lacks=False))
     append_device_summary(part / "stats", part / "summary.md")
     (part / PART_FILE).write_text(json.dumps(
         {"stack": stack, "exit_code": exit_code, "junit": junit_name(stack)}))
@@ -197,7 +209,8 @@ def merged_summary(reports: Path, stacks: Sequence[str], problems: Sequence[str]
     suites = list(dict.fromkeys([*suite_names(), *sorted({c.suite for c in cases})]))
     rows = matrix_rows(cases, stacks, suites, known_targets(tests), declared)
     return compose_merged(stacks, cases, matrix_markdown(rows, suites, missing),
-                          skips_markdown(group_skips(cases, declared)), sections, problems)
+                          skips_markdown(group_skips(cases, declared)), sections, problems,
+                          lacks_markdown(stacks))
 
 
 def write_run_summary(reports: Path, allure_dir: Path, stacks: Sequence[str],
@@ -253,7 +266,8 @@ def write_report_summary(results_dir: Path, out: Path, folder: ResultsFolder | N
         stats_dir = Path(results_dir).parent / "stats"
         figures = Path(out).parent / FIGURES_DIR
         write_calibration_svgs(calibrations_from_stats(stats_dir), figures)
-        text = summary_text(folder.tests, folder.problems, stats_dir, figures=figures)
+        text = with_faults_line(summary_text(folder.tests, folder.problems, stats_dir,
+                                             figures=figures), results_dir)
     else:
         text = merged_summary(Path(results_dir).parent, stacks, folder.problems, folder.tests)
     text = (interrupted_line(why) if why else "") + text

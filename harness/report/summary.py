@@ -25,6 +25,8 @@ from harness.report.categories import SKIPPED, UNCLASSIFIED_FAILURE, category_na
 from harness.report.markdown import md_cell
 from harness.report.results import ResultsFolder, labels_of, load_results, message_of, params_of
 from harness.report.root_cause import root_cause_markdown
+from harness.report.run_config import read_properties
+from harness.report.stack_lacks_section import lacks_markdown
 from harness.report.triage_report import TriageRow, rows_from_results, triage_markdown
 from harness.session.stats import stats_values
 
@@ -171,10 +173,12 @@ def agreement_markdown(lines: list[str]) -> list[str]:
 
 
 def summary_text(tests: list[dict[str, Any]], problems: list[str], stats_dir: Path,
-                 title: str = "vllm-hil run", figures: Path | None = None) -> str:
+                 title: str = "vllm-hil run", figures: Path | None = None,
+                 lacks: bool = True) -> str:
     """The summary of ``tests`` with the statistics of ``stats_dir`` (exposure, agreement,
     calibrated thresholds, engine hygiene). ``figures``: the folder beside the summary holding
-    the calibration figures (``write_calibration_svgs``); those found there are linked."""
+    the calibration figures (``write_calibration_svgs``); those found there are linked.
+    ``lacks``: with what the stacks of the results (their ``stack`` parameter) do not have."""
     s = summarize(tests, problems)
     s.exposure = exposure_from_stats(stats_dir)
     s.agreement = agreement_from_stats(stats_dir)
@@ -184,7 +188,9 @@ def summary_text(tests: list[dict[str, Any]], problems: list[str], stats_dir: Pa
                                for key, name in figure_names(s.calibrations).items()
                                if (Path(figures) / name).is_file()}
     text = summary_markdown(s, title)
-    for section in (root_cause_markdown(tests, stats_values(stats_dir, "hygiene")),
+    stacks = [params_of(t).get("stack") for t in tests] if lacks else []
+    for section in (lacks_markdown(name for name in stacks if name),
+                    root_cause_markdown(tests, stats_values(stats_dir, "hygiene")),
                     warnings_markdown(stats_dir)):
         if section:
             text = text.rstrip("\n") + "\n\n" + section
@@ -214,9 +220,22 @@ def write_summary(results_dir: Path, out: Path, folder: ResultsFolder | None = N
     stats_dir = Path(results_dir).parent / "stats"
     figures = Path(out).parent / FIGURES_DIR
     write_calibration_svgs(calibrations_from_stats(stats_dir), figures)
-    text = summary_text(folder.tests, folder.problems, stats_dir, figures=figures)
+    text = with_faults_line(summary_text(folder.tests, folder.problems, stats_dir, figures=figures),
+                            results_dir)
     write_text_safely(out, text)
     return text
+
+
+def with_faults_line(text: str, results_dir: Path) -> str:
+    """``text`` with the line "faults injected: ..." after its counts when the run installed
+    faults (its Allure environment's ``run.faults``): a failure a fault caused must not read
+    as the stack's own bug."""
+    faults = read_properties(Path(results_dir) / "environment.properties").get("run.faults", "")
+    if not faults or faults == "none":
+        return text
+    lines = text.split("\n")
+    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("**")), len(lines))
+    return "\n".join([*lines[:at], "", f"faults injected: {md_cell(faults)}", *lines[at:]])
 
 
 def write_text_safely(out: Path, text: str) -> None:

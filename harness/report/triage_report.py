@@ -6,6 +6,9 @@ Allure result (labels, a table attachment) by the report plugin, and into the wo
 statistics file (``triage``) by the session. summary.md reads the labels, so a merge of shard
 results (``hil report SOURCE...``) keeps each failure's verdict with its test; the terminal
 summary, which has no Allure results to read, reads the statistics files.
+
+A known failure's triage reused from its record (``harness.triage.record``) is shown as reused
+everywhere, with the date the record was made.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ VERDICT = "triage_verdict"
 CHECK = "triage_check"
 RUNS = "triage_runs"
 SECONDS = "triage_seconds"
+# When the triage was made, for one reused from a record ("2026-12-07 03:12:45 UTC"); NOT_REUSED
+# for one made in the run (every triage carries the label, so a test's labels stay aligned).
+REUSED = "triage_reused"
+NOT_REUSED = "no"
 TAG_PREFIX = "triage: "
 ATTACHMENT = "triage"  # the runs as a Markdown table (TriageResult.table())
 JSON_ATTACHMENT = "triage (JSON)"  # TriageResult.to_dict(), for tools
@@ -35,7 +42,7 @@ def labels_for(result: TriageResult) -> list[tuple[str, str]]:
     """The Allure labels of a test whose failure was triaged into ``result``."""
     return [(TRIAGE, result.key), ("tag", TAG_PREFIX + result.key), (VERDICT, result.verdict),
             (CHECK, result.check), (RUNS, str(result.runs_made)),
-            (SECONDS, f"{result.seconds:.1f}")]
+            (SECONDS, f"{result.seconds:.1f}"), (REUSED, result.reused_from or NOT_REUSED)]
 
 
 def description_with_triage(doc: str | None, results: Iterable[TriageResult]) -> str:
@@ -43,8 +50,8 @@ def description_with_triage(doc: str | None, results: Iterable[TriageResult]) ->
     test page shows the description above the steps, where a reader starts."""
     parts = [inspect.cleandoc(doc)] if doc and doc.strip() else []
     for r in results:
-        parts.append(f"**triage of {r.check}: {r.verdict}** ({r.runs_made} runs,"
-                     f" {r.seconds:.1f} s; the runs are in the attachment \"{ATTACHMENT}\")")
+        parts.append(f"**triage of {r.check}: {r.verdict}** ({r.cost()};"
+                     f" the runs are in the attachment \"{ATTACHMENT}\")")
     return "\n\n".join(parts)
 
 
@@ -58,6 +65,12 @@ class TriageRow:
     verdict: str
     runs: int
     seconds: float
+    reused_from: str = ""  # reused from a record made then; "" when triaged in the run
+
+    def verdict_said(self) -> str:
+        """The verdict, and when it was triaged if it was reused from a record."""
+        return self.verdict + (f" (reused: triaged {self.reused_from})" if self.reused_from
+                               else "")
 
 
 def _int(text: str) -> int:
@@ -89,8 +102,10 @@ def rows_from_results(tests: Iterable[dict[str, Any]]) -> list[TriageRow]:
         name = (labels.get("nodeid") or [str(t.get("name") or t.get("fullName"))])[0]
         for i, key in enumerate(keys):
             check = _nth(labels, CHECK, i) or (labels.get("check") or ["?"])[0]
+            reused = _nth(labels, REUSED, i)
             rows.append(TriageRow(name, check, key, _nth(labels, VERDICT, i),
-                                  _int(_nth(labels, RUNS, i)), _float(_nth(labels, SECONDS, i))))
+                                  _int(_nth(labels, RUNS, i)), _float(_nth(labels, SECONDS, i)),
+                                  "" if reused == NOT_REUSED else reused))
     return rows
 
 
@@ -104,9 +119,15 @@ def rows_from_stats(entries: Iterable[Any]) -> tuple[list[TriageRow], list[str]]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             bad.append(f"a triage entry of the statistics is not one ({exc!r}); left out")
             continue
-        rows.append(TriageRow(r.nodeid, r.check, r.key, r.verdict, r.runs_made, r.seconds))
+        rows.append(TriageRow(r.nodeid, r.check, r.key, r.verdict, r.runs_made, r.seconds,
+                              r.reused_from))
     return rows, bad
 
+
+def _reused(rows: list[TriageRow]) -> str:
+    n = sum(1 for r in rows if r.reused_from)
+    return (f"; {n} of them known failure(s) whose recorded triage was reused, not re-run"
+            if n else "")
 
 
 def triage_markdown(rows: list[TriageRow]) -> list[str]:
@@ -116,11 +137,11 @@ def triage_markdown(rows: list[TriageRow]) -> list[str]:
     total = sum(r.seconds for r in rows)
     lines = ["## Triage", "",
              f"{len(rows)} failure(s) re-run under varied conditions, {total:.1f} s in all"
-             " (the runs of each: its attachment \"triage\" in the report).", "",
+             f"{_reused(rows)} (the runs of each: its attachment \"triage\" in the report).", "",
              "| test | check | verdict | runs | s |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| `{md_cell(r.test)}` | {md_cell(r.check)} | {md_cell(r.verdict)} | {r.runs} |"
-                     f" {r.seconds:.1f} |")
+        lines.append(f"| `{md_cell(r.test)}` | {md_cell(r.check)} | {md_cell(r.verdict_said())} |"
+                     f" {r.runs} | {r.seconds:.1f} |")
     return [*lines, ""]
 
 
@@ -128,6 +149,7 @@ def terminal_lines(rows: list[TriageRow]) -> list[str]:
     """The terminal summary's triage block: a line per triaged test, then the total."""
     if not rows:
         return []
-    lines = [f"triage: {r.test}: {r.verdict} ({r.runs} runs, {r.seconds:.1f} s)" for r in rows]
+    lines = [f"triage: {r.test}: {r.verdict_said()} ({r.runs} runs, {r.seconds:.1f} s)"
+             for r in rows]
     total = sum(r.seconds for r in rows)
-    return [*lines, f"triage: {len(rows)} failure(s) triaged in {total:.1f} s"]
+    return [*lines, f"triage: {len(rows)} failure(s) triaged in {total:.1f} s{_reused(rows)}"]

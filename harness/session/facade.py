@@ -2,7 +2,9 @@
 
 Models and prompt sets (``ModelCatalog``), engines (``EnginePool`` and
 ``EngineDriver``), the CPU reference (``ReferenceRunner`` with its disk cache),
-and the checks (``harness.checks``, which return ``Verdict``s). One session
+and the checks (``harness.checks``, which return ``Verdict``s: asked through
+``SessionVerdicts``, harness.session.verdicts); its options are ``SessionOptions``
+(harness.session.options). One session
 lives per pytest process (per xdist worker); its listeners (the report) hear
 what it ran and which verdicts it reached.
 """
@@ -12,80 +14,47 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.checks.aborts import check_aborts
 from harness.checks.agreement import AgreementTally
 from harness.checks.capacity import KvPool
-from harness.checks.distribution import compare_distributions
 from harness.checks.exposure import ExposureTally
-from harness.checks.forcing import compare_forced
-from harness.checks.ledger import check_idle_ledgers, check_ledger
-from harness.checks.logprobs import compare_logprobs
-from harness.checks.self_consistency import check_self_consistency
-from harness.checks.tokens import compare_traces, token_verdict
-from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.errors import EngineRefused
 from harness.core.trace import KvSnapshot, Trace
-from harness.core.verdict import FORCED_TOKENS, Verdict, VerdictFailed
 from harness.engine.driver import DriverSettings, EngineDriver
-from harness.engine.host import CALL_TIMEOUT
-from harness.engine.hygiene import EngineHygiene, judge_snapshots, judge_trace
+from harness.engine.hygiene import EngineHygiene
 from harness.engine.order import config_id
-from harness.engine.pool import MAX_LIVE_ENGINES, EnginePool, PoolSettings
+from harness.engine.pool import EnginePool, PoolSettings
 from harness.lab.leases import LeaseManager
 from harness.reference.cache import ReferenceCache
 from harness.reference.runner import ReferenceRunner
 from harness.scenario.catalog import Model, ModelCatalog
 from harness.scenario.prompts import PromptSet, Scenario
 from harness.session.listeners import Listeners, SessionListener
-from harness.session.precision import PrecisionDesk, Rules, calibration_source
+from harness.session.options import SessionOptions
+from harness.session.precision import PrecisionDesk, calibration_source
 from harness.session.stats import SessionStats, Timers
+from harness.session.verdicts import SessionVerdicts
 from harness.stacks import host as host_stack
 from harness.stacks.spec import load_stack, variant_problem
 from harness.targets import kind, kind_of_label
 from harness.targets.geometry import PAGED, pool_overrides
 from harness.targets.variants import TargetVariant
-from harness.triage.budget import TRIAGE_BUDGET, TRIAGE_MAX, TriageBudget
+from harness.triage.budget import TriageBudget
 from harness.triage.judge import Policies
+from harness.triage.record import TriageRecords
 from harness.triage.runner import TriageRunner
-from harness.triage.session_hook import TriageDesk, with_triage, with_untriaged
+from harness.triage.session_hook import TriageDesk
 
 __all__ = ["HilSession", "Model", "SessionOptions"]
 
 
-@dataclass
-class SessionOptions:
-    cache_dir: Path
-    reports_dir: Path
-    near_tie: NearTiePolicy = field(default_factory=NearTiePolicy)
-    # Backend -> its near-tie tolerance given as --near-tie-tol-BACKEND; absent (or None): the
-    # calibrated one where a model is at hand, else the kind's default.
-    near_tie_tols: dict[str, float | None] = field(default_factory=dict)
-    engine_reuse: bool = True
-    reference_cache: bool = True
-    max_live_engines: int = MAX_LIVE_ENGINES
-    start_timeout: float | None = None  # None: per kind and backend (harness.engine.pool.start_timeout)
-    call_timeout: float = CALL_TIMEOUT
-    faults: tuple[str, ...] = ()
-    kv_probe: bool = True
-    stack: str = "default"
-    plan_only: bool = False  # record each test's engine configuration, start nothing
-    engine_replace: bool = True  # replace an engine an earlier test left dirty (else: inherited)
-    logprob_tol: float | None = None  # None: the fp32 default
-    logprob_tol_card: float | None = None  # None: the precision's calibrated thresholds
-    teacher_forcing: bool = True
-    triage: bool = True  # re-run failed token-equality and KV verdicts (harness.triage)
-    triage_max: int = TRIAGE_MAX
-    triage_budget: float = TRIAGE_BUDGET
-
-
-class HilSession:
+class HilSession(SessionVerdicts):
     """The harness facade used by suites through the ``hil`` fixture."""
 
     def __init__(self, opts: SessionOptions, leases: LeaseManager | None = None) -> None:
@@ -133,13 +102,15 @@ class HilSession:
                      lambda label: self.precision.last(label).logprob,
                      lambda label: self.precision.last(label).distribution),
             TriageBudget(opts.triage_max, opts.triage_budget,
-                         enabled=opts.triage and not opts.plan_only)))
+                         enabled=opts.triage and not opts.plan_only)),
+            # Known failures' triages, recorded once and reused (harness.triage.record).
+            records=TriageRecords.in_cache(opts.cache_dir))
 
     # -- test lifecycle and listeners --------------------------------------------
     def begin_test(self, nodeid: str) -> None:
         """Name the running test (a device that fails is marked broken by it)."""
         self.current_test = nodeid
-        self.triage.begin_test()
+        self.triage.begin_test(nodeid)
 
     def add_listener(self, listener: SessionListener) -> None:
         self.listeners.add(listener)
@@ -274,152 +245,6 @@ class HilSession:
         for r in trace.requests.values():
             self.exposure.add(model.label, r)
         return trace
-
-    # -- checks -------------------------------------------------------------
-    def check_tokens(
-        self, model: Model, scenario: Scenario, trace: Trace, reference: Trace | None = None
-    ) -> Verdict:
-        """Token equality of ``trace`` against the CPU reference (computed when not given);
-        accepted near-ties are kept for the run summary. When the device's own logprobs say a
-        chosen token is not its top-1 (``_self_consistency``), that verdict is returned instead:
-        a sampler error, whether or not token equality let it pass as a near-tie."""
-        scenario = scenario.completing()  # an aborted request returns no output to compare
-        reference = self.reference(model, scenario) if reference is None else reference
-        policy = self.rules(trace, model).near_tie
-        with self.timers.timed("checks"):
-            comparison = compare_traces(reference, trace, policy=policy)
-            verdict = token_verdict(comparison, model.decode, scenario.prompts_by_id())
-            greedy = self._self_consistency(trace, verdict)
-        for d in comparison.near_ties:
-            self.near_ties.append(
-                f"{trace.target} {scenario.name} request {d.request_id} position {d.position}"
-            )
-        self.listeners.on_comparison(scenario, reference, trace, comparison, model.decode)
-        return verdict if greedy is None else greedy
-
-    @staticmethod
-    def _self_consistency(trace: Trace, tokens: Verdict) -> Verdict | None:
-        """The greedy self-consistency verdict of ``trace``'s free run when it failed, with the
-        token-equality outcome appended; None when it held. Every engine call of the harness
-        samples greedily (temperature 0, ``harness.in_engine.process``). It runs where the trace
-        recorded top-k logprobs: without them the near-tie rule accepts no difference, so a
-        sampler error cannot hide behind it."""
-        if not any(s.top_logprobs for r in trace.requests.values() for s in r.steps):
-            return None
-        v = check_self_consistency(trace, greedy=True)
-        if v.ok:
-            return None
-        return Verdict.failed(v.check, v.why, at=v.at, details=(
-            f"{v.details}\n\ntoken equality against the reference: {tokens.why}"))
-
-    def rules(self, trace: Trace, model: Model | None = None) -> Rules:
-        """The rules ``trace`` is judged by: near-tie, logprob and distribution policies of
-        the precision its engine computes in (calibrated for fp16 and bf16, measured on first
-        use: ``harness.session.precision``)."""
-        with self.timers.timed("calibration"):
-            rules = self.precision.rules(trace.target, model, trace.info)
-        self.listeners.on_rules(trace, rules)
-        return rules
-
-    def _near_tie_of(self, label: str) -> NearTiePolicy:
-        """The kind's flat near-tie rule for ``label`` (its backend's tolerance, the dtypes)."""
-        return kind_of_label(label).near_tie_policy(self.opts.near_tie, label,
-                                                    self._near_tie_given)
-
-    def check_logprobs(self, scenario: Scenario, trace: Trace, reference: Trace,
-                       model: Model | None = None) -> Verdict:
-        """Logprob closeness of the free run: every token both sides chose after the same
-        history has the reference's logprob within the rules of the engine's precision."""
-        rules = self.rules(trace, model)
-        with self.timers.timed("checks"):
-            return compare_logprobs(reference, trace, rules.logprob).verdict()
-
-    def check_distribution(self, model: Model, scenario: Scenario, trace: Trace,
-                           reference: Trace) -> list[Verdict]:
-        """Distribution distance: at every compared position the device's top-k distribution
-        is within the KL its precision allows of the reference's (free run, and the
-        teacher-forced run where the trace has one)."""
-        rules = self.rules(trace, model)
-        with self.timers.timed("checks"):
-            verdicts = [compare_distributions(reference, trace, rules.distribution).verdict()]
-            if trace.forced:
-                verdicts.append(compare_distributions(reference, trace, rules.distribution,
-                                                      forced=True).verdict())
-        return verdicts
-
-    def check_forced(self, model: Model, scenario: Scenario, trace: Trace,
-                     reference: Trace) -> list[Verdict]:
-        """The teacher-forced run of ``trace`` (``hil.generate(..., teacher=reference)``): every
-        position's argmax equal to the reference's or a near-tie there, and its logprob of the
-        reference's token within tolerance. Where the engine cannot force, one passing verdict
-        saying so (the run summary lists it too)."""
-        reason = trace.info.get("teacher_forcing_unsupported")
-        if not self.opts.teacher_forcing:
-            reason = "off (--no-teacher-forcing)"
-        if reason or not trace.forced:
-            why = f"teacher forcing not run on {trace.target}: {reason or 'no forced output'}"
-            self.agreement.unsupported(trace.target, model.label, why)
-            if reason:
-                return [Verdict.passed(FORCED_TOKENS, why)]
-        rules = self.rules(trace, model)
-        with self.timers.timed("checks"):
-            forced = compare_forced(reference, trace, rules.near_tie, rules.logprob)
-            verdicts = forced.verdicts()
-        self.agreement.add(trace.target, model.label, forced)
-        self.listeners.on_forced(scenario, reference, trace, forced)
-        return verdicts
-
-    def check_ledger(self, trace: Trace) -> Verdict:
-        """Every KV ledger invariant at every step of a step-driven ``trace``."""
-        with self.timers.timed("checks"):
-            verdict = check_ledger(trace)
-        inherited = self.hygiene.inherited(self.current_test, trace.target)
-        return verdict if inherited is None else judge_trace(trace, inherited, verdict)
-
-    def check_aborts(self, scenario: Scenario, trace: Trace) -> Verdict:
-        """The requests ``scenario`` aborts were aborted at their step and not served after
-        (their blocks' return is ``check_ledger``'s)."""
-        return check_aborts(scenario.aborts(), trace)
-
-    def check_idle_ledgers(self, cfg: EngineConfig, when: str = "after warmup") -> Verdict:
-        """Every block of the engine of ``cfg`` is free now (an idle point)."""
-        snapshots = self.kv_snapshot(cfg)
-        verdict = check_idle_ledgers(snapshots, when)
-        inherited = self.hygiene.inherited(self.current_test, cfg.label)
-        return verdict if inherited is None else judge_snapshots(snapshots, inherited, verdict)
-
-    def expect(self, *verdicts: Verdict, trace: Trace | None = None) -> None:
-        """Record each verdict for the report; raise ``VerdictFailed`` on the first that failed,
-        triaged first where it is a token-equality or KV verdict (``harness.triage``): its text
-        then ends with the triage's verdict."""
-        __tracebackhide__ = True
-        for v in verdicts:
-            self.listeners.on_verdict(v, trace)
-        for v in verdicts:
-            if not v.ok:
-                untriaged = self.triage.refused(v, trace)
-                result = None if untriaged else self.triage.failed(self.current_test, v, trace)
-                if result is not None:
-                    self.timers.add("triage", result.seconds)
-                    self.listeners.on_triage(result)
-                    v = with_triage(v, result)
-                elif untriaged:
-                    v = with_untriaged(v, untriaged)
-                raise VerdictFailed(v)
-
-    def expect_failure(self, verdict: Verdict, mentioning: str = "",
-                       trace: Trace | None = None) -> None:
-        """Negative control: ``verdict`` must have failed, saying ``mentioning``; the control's
-        own verdict (``<check>.negative_control``) is what gets recorded."""
-        __tracebackhide__ = True
-        tripped = not verdict.ok and mentioning in verdict.details
-        check = f"{verdict.check}.negative_control"
-        control = (
-            Verdict.passed(check, f"the check tripped: {verdict.why}") if tripped
-            else Verdict.failed(check, f"negative control: check {verdict.check} did not fail"
-                                f" saying {mentioning!r} (detector blind?): {verdict.why}")
-        )
-        self.expect(control, trace=trace)
 
     # -- bookkeeping --------------------------------------------------------
     def stats(self) -> SessionStats:

@@ -1,6 +1,7 @@
-"""The values a target kind declares: its variants (``TargetVariant``), its KV-pool geometry
-(``PoolGeometry``), the wider near-tie tolerance of a reduced-precision backend
-(``NearTieTolerance``), and the environment every engine runs offline with."""
+"""The values a target kind declares: its variants (``TargetVariant``) and what they can do
+(``CAPABILITIES``), its KV-pool geometry (``PoolGeometry``), the wider near-tie tolerance of a
+reduced-precision backend (``NearTieTolerance``), and the environment every engine runs offline
+with."""
 
 from __future__ import annotations
 
@@ -82,6 +83,36 @@ class PoolGeometry:
         return {"block_size": size, "num_blocks_override": blocks}
 
 
+# -- capabilities ------------------------------------------------------------------------
+
+# What a variant can do, the one vocabulary: a variant declares its own
+# (``TargetVariant.capabilities``), a suite asks for what it needs
+# (``@pytest.mark.hil_needs(...)``, harness/plugin/selection.py) and runs on every variant that
+# has it; no suite names a kind, a backend or a mode.
+CAPABILITIES: dict[str, str] = {
+    "kv_ledger": "requests join its running batch at any engine step, and its KV blocks are read"
+                 " at every step (the KV ledgers): the step-driven KV suites",
+    "harness_sized_pool": "the harness sets its KV pool's block size and block count, any it"
+                          " chooses, and refuses a pool too small for one request before start",
+    "refuses_small_pool": "its stack refuses, at engine start, a KV pool that cannot serve one"
+                          " full-length request (with the kind's ``capacity_refusal`` text)",
+    "join_reservation": "its batching reserves a request's worst case of blocks when the request"
+                        " joins a batch (the kind's ``join_reservation``), and rounds a pool to a"
+                        " multiple of max_num_seqs",
+    "forced_preemption": "its pool never runs out by itself, so a preemption is forced through"
+                         " vLLM's scheduler (fault preempt-running-once), and its runner takes"
+                         " part in it",
+    "pausing": "its scheduler pauses a decoding request (the request keeps its blocks) when the"
+               " batch TKV limit would be passed; a stack may lack it (the kind's"
+               " ``capability_problem`` says why)",
+}
+
+
+def unknown_capabilities(names: tuple[str, ...] | list[str]) -> list[str]:
+    """The names among ``names`` that are no capability of ``CAPABILITIES``, in order."""
+    return [n for n in names if n not in CAPABILITIES]
+
+
 # -- variants ---------------------------------------------------------------------------
 
 
@@ -101,16 +132,40 @@ class TargetVariant:
     device: str | None = None  # inventory id of the leased device, once leased
     device_env: tuple[tuple[str, str], ...] = ()
     chunked: bool = False  # prefills in chunks of the prompt set's cp_chunk tokens
-    # Runs only where a test's hil_targets or --target names its mode or id (a control of a
-    # few suites, not a copy of every one).
-    opt_in: bool = False
     # Runs only in tests carrying one of these markers (a suite's marker, e.g. token_equality);
     # empty: in every test its target runs in.
     suites: tuple[str, ...] = ()
+    # What it can do (names of CAPABILITIES): the suites that need them run on it.
+    capabilities: tuple[str, ...] = ()
+    # The capability this variant has switched off (pausing off): a control, not a copy of
+    # every suite. It runs only where --target names its mode or id, and there only in the
+    # tests that run the controls of that capability (hil_controls) and in those that need no
+    # capability at all (``opt_in``).
+    switches_off: str | None = None
 
     @property
     def platform_marker(self) -> str:
         return self.markers[0]
+
+    @property
+    def opt_in(self) -> bool:
+        """Selected only where --target names its mode or id (a control: ``switches_off``)."""
+        return self.switches_off is not None
+
+    def has(self, capability: str) -> bool:
+        """Whether this variant declares ``capability`` (one of CAPABILITIES)."""
+        return capability in self.capabilities
+
+    def admitted(self, needs: frozenset[str], controls: frozenset[str]) -> bool:
+        """Whether a test that needs the capabilities ``needs`` and runs the controls of
+        ``controls`` runs on this variant (once --target selected it): it has every need;
+        a control stands in for the capability it switches off where the test runs that
+        capability's controls, and elsewhere only in a test that needs nothing."""
+        if self.switches_off is None:
+            return needs <= set(self.capabilities)
+        if self.switches_off in controls:
+            return needs <= {*self.capabilities, self.switches_off}
+        return not needs and not controls
 
     def on_device(self, device: str, env: dict[str, str]) -> TargetVariant:
         """This variant bound to a leased device and its environment."""

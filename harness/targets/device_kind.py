@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,10 @@ class DeviceKind:
     # the entry in errors, raised as ConfigError); None: the kind has no keys of its own.
     inventory_env: Callable[[dict[str, Any], str], dict[str, str]] | None = None
     inventory_keys: tuple[str, ...] = ()  # those keys, refused on every other kind
+    # The JSON-schema fragment of each of those keys (merged into the inventory schema,
+    # harness/lab/schemas.py); a key without one takes any value, for inventory_env to judge.
+    inventory_key_schemas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict,
+                                                                   compare=False)
     # Driver or firmware versions the host shows for this kind, for the report's environment.
     host_properties: Callable[[Path, DeviceScan], dict[str, str]] | None = None
     # What an inventory ``address`` of this kind looks like (said in messages) and its pattern,
@@ -43,6 +47,9 @@ class DeviceKind:
     # The kind's meaning checks of a device's final env (its core range against its tensor
     # parallel size, say); raises ConfigError naming ``where``.
     check_env: Callable[[Mapping[str, str], str], None] | None = None
+    # Engine variables that name the physical device an engine was given, most precise first
+    # (the report's device instance, harness/report/labels.py).
+    device_env_vars: tuple[str, ...] = ()
 
     def address_problem(self, address: str) -> str | None:
         """Why ``address`` is not an address of this kind (None: it is, or any text goes)."""

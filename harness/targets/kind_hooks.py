@@ -19,6 +19,7 @@ from harness.checks.dummy_padding import dummy_padding_verdict
 from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.devices import InventoryDevice
+from harness.core.settings import Variable
 from harness.core.verdict import Verdict
 from harness.targets.declarations import (
     NearTieTolerance,
@@ -47,14 +48,21 @@ class KindHooks:
     markers: ClassVar[dict[str, str]] = {}  # the markers its variants carry, with their meaning
     geometries: ClassVar[dict[str, PoolGeometry]] = {"default": PoolGeometry(None)}
     # What a fork-server parent imports once vLLM resolved this kind's platform: the module
-    # prefix of the platform's class -> the worker and runner modules an engine start pulls in.
+    # prefix of the platform's class -> the worker and runner modules an engine start pulls in
+    # (handed to the parent in its environment by harness.engine.start_config).
     plugin_preload: ClassVar[dict[str, tuple[str, ...]]] = {}
-    # Modules that register this kind's faults (harness.in_engine.fault_registry); imported
-    # inside the engine process by harness.in_engine.faults, through the registry.
+    # Modules that register this kind's faults (harness.in_engine.fault_registry): named in every
+    # engine's configuration (harness.engine.start_config) and imported there by
+    # harness.in_engine.faults; on the harness side the registry imports them.
     fault_modules: ClassVar[tuple[str, ...]] = ()
     # Modules that register readers of this kind's own KV ledgers with
-    # harness.in_engine.probes; imported inside the engine process before the first snapshot.
+    # harness.in_engine.probes: named in its engines' configuration, imported there before the
+    # first snapshot.
     probe_modules: ClassVar[tuple[str, ...]] = ()
+    # Where a kind-free fault reaches this kind's plugin runner: hook name (the hooks of
+    # harness.in_engine.kind_modules, e.g. BATCH_ORDER) -> "module:function", named in its
+    # engines' configuration and called in the engine process.
+    runner_hooks: ClassVar[dict[str, str]] = {}
     # Engine-start limits (seconds) longer than the harness's default, keyed by what they apply
     # to: a backend of this kind, or the kind's name for all its engines.
     start_timeouts: ClassVar[dict[str, float]] = {}
@@ -69,6 +77,25 @@ class KindHooks:
     # The kind's stack refuses, at engine start, a pool that cannot serve one full-length
     # request; for the others the harness preflight refuses it (harness.checks.capacity).
     refuses_small_pool: ClassVar[bool] = False
+    # A fragment of the first line of that refusal (the report files it as a capacity failure,
+    # test_capacity.py expects it); None: the stack has no refusal of its own.
+    capacity_refusal: ClassVar[str | None] = None
+    # The module that declares this kind's ``hil selftest`` cases (CASES, run on every host;
+    # DEVICE_CASES, where the host has a device of this kind; DEVICE_ONLY_FAULTS and
+    # DEVICE_ONLY_WHY: faults with no case off the device), imported by harness.selftest through
+    # the registry (``selftest_modules()``).
+    selftest_module: ClassVar[str | None] = None
+    # The ``KvSnapshot.source`` names of the ledgers this kind's probe_modules read.
+    ledger_sources: ClassVar[tuple[str, ...]] = ()
+    # (report label, distribution) of the packages this kind's stack brings beside vLLM: the
+    # report's environment shows their versions, and the shards of one run must agree on them.
+    distributions: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # The vendor runtime distributions this kind's engines run on where a device is (not a
+    # stack's pins: the host's): part of what a triage record is valid for.
+    runtime_distributions: ClassVar[tuple[str, ...]] = ()
+    # The HIL_* variables this kind (its package, its stack files) reads or sets, declared with
+    # the settings layer (harness.core.settings) by the kind registry.
+    variables: ClassVar[tuple[Variable, ...]] = ()
 
     @classmethod
     def geometry(cls, name: str = "default") -> PoolGeometry:
@@ -105,6 +132,13 @@ class KindHooks:
     def reduced_precision(cls, label: str) -> bool:
         """Whether the engine labelled ``label`` computes in a lower precision than fp32."""
         return cls.precision(label) != "fp32"
+
+    @classmethod
+    def capability_problem(cls, variant: TargetVariant, capability: str,
+                           stack: str) -> str | None:
+        """Why ``variant`` on ``stack`` lacks ``capability``, which the variant declares (its
+        stack's software has no such thing: a skip saying so), or None: it has it."""
+        return None
 
     @classmethod
     def join_reservation(cls, tkv: int, prompt_len: int, max_tokens: int,

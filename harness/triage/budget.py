@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 TRIAGE_MAX = 3  # failed tests triaged per pytest process (--triage-max)
 TRIAGE_BUDGET = 600.0  # seconds of triage per pytest process (--triage-budget)
+RAN_OUT = "the triage budget ran out (--triage-budget)"  # why a run was not made
 
 
 @dataclass

@@ -27,6 +27,11 @@ from harness.core.trace import Trace
 from harness.core.verdict import FORCED_LOGPROBS, FORCED_TOKENS
 from harness.scenario.prompts import Scenario
 
+# The version of what a triage runs and how it decides. Recorded triages of known failures
+# (harness.triage.record) hold while it is unchanged (and the harness's source too): bump it
+# when a change outside the harness's source (a prompt set, a built model's recipe) changes
+# what a triage would find.
+PLAN_VERSION = 1
 REPEATS = 3
 SMALL_CHUNKS = (64, 32)  # the small chunks tried, largest first (64: Spyre's block multiple)
 ONE_CHUNK_MULTIPLE = 64  # a chunk larger than every prompt is rounded up to this

@@ -23,7 +23,7 @@ from harness.engine.driver import EngineDriver
 from harness.engine.pool import EnginePool
 from harness.scenario.prompts import RequestSpec, Scenario
 from harness.targets import target_for
-from harness.triage.budget import TriageBudget
+from harness.triage.budget import RAN_OUT, TriageBudget
 from harness.triage.decide import decide
 from harness.triage.judge import Policies, judge, only
 from harness.triage.plan import Cycle, Facts, FailedRun, Probe, Warm, plan
@@ -70,31 +70,37 @@ class TriageRunner:
         self.policies = policies
         self.budget = budget
 
-    def triage(self, nodeid: str, run: FailedRun, facts: Facts) -> TriageResult:
+    def triage(self, nodeid: str, run: FailedRun, facts: Facts,
+               budget: TriageBudget | None = None) -> TriageResult:
+        """Make the probes of ``run``'s plan and decide; the test and its seconds count
+        against ``budget`` (the runner's own when None: a known failure's triage passes a
+        budget of its own, so it costs the session's nothing)."""
+        budget = self.budget if budget is None else budget
         t0 = time.monotonic()
-        self.budget.tests += 1
+        budget.tests += 1
         runs: list[TriageRun] = []
         left_out = 0
         self.pool.purpose = "triage"  # a card's ledger records these starts as triage's
         try:
             for probe in plan(run, facts):
-                left_out += self._make(probe, run, runs, t0)
+                left_out += self._make(probe, run, runs, t0, budget)
         finally:
             self.pool.purpose = None
         seconds = time.monotonic() - t0
-        self.budget.spent += seconds
+        budget.spent += seconds
         key, verdict = decide(runs)
-        note = (f"{left_out} probe(s) not made: the triage budget of {self.budget.seconds:g} s"
+        note = (f"{left_out} probe(s) not made: the triage budget of {budget.seconds:g} s"
                 " ran out" if left_out else "")
         return TriageResult(nodeid, run.check, key, verdict, tuple(runs), round(seconds, 2), note)
 
-    def _make(self, probe: Probe, run: FailedRun, runs: list[TriageRun], t0: float) -> int:
+    def _make(self, probe: Probe, run: FailedRun, runs: list[TriageRun], t0: float,
+              budget: TriageBudget) -> int:
         """Add ``probe``'s rows to ``runs`` (made, or why not); 1 when the budget left it out."""
         if probe.skip:
             runs.append(TriageRun(probe.factor, "-", probe.cfg.label, (), NOT_RUN, probe.skip))
-        elif self.budget.spent + (time.monotonic() - t0) >= self.budget.seconds:
+        elif budget.spent + (time.monotonic() - t0) >= budget.seconds:
             runs += [TriageRun(probe.factor, arm, probe.cfg.label, (), NOT_RUN,
-                               "the triage budget ran out (--triage-budget)")
+                               RAN_OUT)
                      for arm in probe.arms()]
             return 1
         else:

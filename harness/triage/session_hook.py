@@ -5,11 +5,19 @@ needs about the engine, and the failure text with the triage verdict added.
 scenario and teacher behind it, and the references computed; when ``HilSession.expect`` raises
 on a triaged check (``harness.triage.judge.triaged``) of such a trace, the desk hands the
 failed run to the ``TriageRunner``, keeps the result, and returns the verdict the test raises.
+
+A known failure (a test the quarantine marks known on this stack) costs the session's budget
+nothing: its triage is recorded once (``harness.triage.record``) and reused while nothing it
+depends on has changed; without a valid record it is triaged on a budget of its own and
+recorded then. Either way ``--triage-max`` and ``--triage-budget`` are left for the failures
+nobody knows yet.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from harness.core.config import EngineConfig
@@ -17,13 +25,16 @@ from harness.core.trace import Trace
 from harness.core.triage import TriageResult
 from harness.core.verdict import Verdict
 from harness.engine.pool import prefix_caching_on
+from harness.lab.quarantine import KnownFailure, quarantined_by
 from harness.scenario.prompts import Scenario
 from harness.stacks import host as host_stack
 from harness.stacks.spec import load_stack, variant_problem
 from harness.targets import kind
 from harness.targets.variants import VARIANTS
+from harness.triage.budget import TriageBudget
 from harness.triage.judge import triaged
 from harness.triage.plan import Facts, FailedRun
+from harness.triage.record import TriageRecords
 from harness.triage.runner import TriageRunner
 
 
@@ -69,11 +80,17 @@ def named_request(verdict: Verdict, scenario: Scenario) -> str:
 @dataclass
 class TriageDesk:
     runner: TriageRunner
+    # Where the triages of known failures are recorded and reused (None: made every time).
+    records: TriageRecords | None = None
+    # The quarantine entry that marks a test known on this run's stack, or None.
+    known_failure: Callable[[str], KnownFailure | None] = quarantined_by
     results: list[TriageResult] = field(default_factory=list)
     _runs: dict[int, tuple[Trace, _Ran]] = field(default_factory=dict)
     _refs: dict[str, Trace] = field(default_factory=dict)
+    _test: str = ""
 
-    def begin_test(self) -> None:
+    def begin_test(self, nodeid: str = "") -> None:
+        self._test = nodeid
         self._runs.clear()
         self._refs.clear()
 
@@ -91,21 +108,54 @@ class TriageDesk:
         if trace is None or not triaged(verdict.check) or id(trace) not in self._runs:
             return None
         budget = self.runner.budget
-        return budget.refusal() if budget.enabled else None
+        if not budget.enabled or self.known_failure(self._test) is not None:
+            return None  # a known failure is never refused: it costs the budget nothing
+        return budget.refusal()
 
     def failed(self, nodeid: str, verdict: Verdict, trace: Trace | None) -> TriageResult | None:
         """Triage ``verdict`` (failed on ``trace``) when it is a triaged check of a run this
-        test made and the budget allows; the result, or None."""
+        test made and the budget allows (a known failure's: whenever triage is on); the
+        result, or None."""
         if trace is None or not triaged(verdict.check) or id(trace) not in self._runs:
             return None
-        if self.runner.budget.refusal() is not None:
+        budget = self.runner.budget
+        known = self.known_failure(nodeid) if budget.enabled else None
+        if known is None and budget.refusal() is not None:
             return None
         _, ran = self._runs[id(trace)]
         run = FailedRun(ran.cfg, ran.scenario, ran.op, verdict.check,
                         named_request(verdict, ran.scenario), ran.teacher,
                         self._refs.get(ran.scenario.name, ran.teacher))
-        result = self.runner.triage(nodeid, run, facts_of(ran.cfg))
+        facts = facts_of(ran.cfg)
+        if known is None:
+            result = self.runner.triage(nodeid, run, facts)
+        else:
+            result = self._known(nodeid, known, run, facts)
         self.results.append(result)
+        return result
+
+    def _known(self, nodeid: str, known: KnownFailure, run: FailedRun,
+               facts: Facts) -> TriageResult:
+        """The triage of a known failure: its record while it holds (shown as reused, with
+        the seconds this lookup took), else a triage on a budget of its own, recorded; the
+        session's budget is not touched either way."""
+        t0 = time.monotonic()
+        key = None
+        why = ""
+        if self.records is not None:
+            key = self.records.key(nodeid, known, run, facts, self.runner.policies)
+            found = self.records.find(key)
+            if found.result is not None:
+                return replace(found.result, seconds=round(time.monotonic() - t0, 2))
+            why = found.why
+        own = TriageBudget(max_tests=1, seconds=self.runner.budget.seconds)
+        result = self.runner.triage(nodeid, run, facts, budget=own)
+        if key is not None and self.records is not None:
+            not_kept = self.records.keep(key, result)
+            said = (f"not recorded ({not_kept}): triaged again next time" if not_kept else
+                    "recorded for the next runs")
+            note = f"known failure (quarantined): {said}" + (f"; {why}" if why else "")
+            result = replace(result, note="\n".join(x for x in (result.note, note) if x))
         return result
 
 
@@ -116,8 +166,10 @@ def with_untriaged(verdict: Verdict, why: str) -> Verdict:
 
 def with_triage(verdict: Verdict, result: TriageResult) -> Verdict:
     """``verdict`` whose text ends with the triage's verdict and runs (its first line, which
-    files it in the report, unchanged)."""
+    files it in the report, unchanged); a reused triage says so, with the date it was made."""
     runs = "\n".join(f"  {r.factor:9} {r.arm}: {r.outcome}" + (f" ({r.why})" if r.why else "")
                      for r in result.runs)
-    text = f"{verdict.details or verdict.why}\n\ntriage: {result.verdict}\n{runs}"
+    reused = (f"\n  (reused: triaged {result.reused_from}; nothing it depends on has changed"
+              " since, the runs below are the record's)" if result.reused else "")
+    text = f"{verdict.details or verdict.why}\n\ntriage: {result.verdict}{reused}\n{runs}"
     return replace(verdict, details=text)

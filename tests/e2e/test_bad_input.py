@@ -29,9 +29,9 @@ def test_model_the_stack_cannot_load(tmp_path):
 
 @pytest.mark.e2e  # runs a child pytest
 def test_cli_rejects_unknown_target_and_missing_model(tmp_path):
-    run = run_suite(tmp_path, "suites/test_token_equality.py", "--target", "tpu")
+    run = run_suite(tmp_path, "suites/test_token_equality.py", "--target", "not-a-kind")
     assert run.returncode == 4
-    assert "--target: unknown target 'tpu'" in run.output
+    assert "--target: unknown target 'not-a-kind'" in run.output
     run = run_suite(tmp_path, "suites/test_token_equality.py", "--model", str(tmp_path / "nope"))
     assert run.returncode == 4
     assert f"model folder not found: {tmp_path / 'nope'}" in run.output

@@ -77,11 +77,9 @@ def test_every_card_suite_runs_on_two_cards_one_engine_each(tmp_path: Path, base
     for name, (outcome, message) in results.items():
         mode = re.search(r"spyre-sendnn-(\w+)", name)
         assert mode, name
-        if mode.group(1) in modes:
-            assert outcome == "passed", (name, message[:2000])
-        else:
-            assert outcome == "skipped", (name, outcome, message[:2000])
-            assert f"does not run on stack host: {generation} has no mode" in message, message
+        # A mode the image's plugin generation lacks is not collected on the host stack.
+        assert mode.group(1) in modes, (name, generation)
+        assert outcome == "passed", (name, message[:2000])
     assert sum(o == "passed" for o, _ in results.values()) == passing, sorted(results)
     suites = {"token_equality", "no_recompute", "block_freeing", "capacity"}
     ran = {c.get("classname", "").rpartition(".")[2].removeprefix("test_") for c in

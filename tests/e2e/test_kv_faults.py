@@ -208,7 +208,7 @@ def test_leaked_warmup_reservation_is_caught_after_warmup(tmp_path):
 
 
 def test_kv_cache_one_block_short_at_full_batch_fails_the_precondition(tmp_path):
-    run = run_suite(tmp_path, "suites/test_no_recompute.py", "-k", "neuron_geometry and 4",
+    run = run_suite(tmp_path, "suites/test_no_recompute.py", "-k", "one_block_per_sequence and 4",
                     "--model", "tiny-llama", "--target", "vllm-cpu",
                     "--inject-fault", "kv-blocks-short:by=1")
     messages = failing_messages(run)

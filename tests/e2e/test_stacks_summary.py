@@ -1,12 +1,14 @@
 """End to end: `hil run --stacks default,legacy-spyre-0.4` on a narrow selection writes one
-summary.md with the stack x suite x target matrix, the skips grouped by reason, and each
-stack's section with its own agreement table (the default stack's rows, the legacy stack's
-targets that cannot force listed outside the table).
+summary.md with the stack x suite x target matrix, what each stack does not have, the skips
+grouped by reason, and each stack's section with its own agreement table (the default stack's
+rows, the legacy stack's targets that cannot force listed outside the table).
 
 The default stack (sendnn-inference 2.x) runs Spyre decoders in chunked prefill only
 (spyre-eager-cp); continuous batching (spyre-eager-cb) is the legacy stack's, and neither
-stack has the other's mode. A card target of a mode the stack has (spyre-sendnn-cp on the
-default stack) skips for the missing device."""
+stack has the other's mode: each stack collects only what it has (the legacy stack no vllm-cpu
+and no capacity suite either), and the summary says once per stack what it lacks. A card
+target of a mode the stack has (spyre-sendnn-cp on the default stack) skips for the missing
+device."""
 
 from __future__ import annotations
 
@@ -61,17 +63,12 @@ def test_two_stacks_make_one_summary_with_every_stacks_tables(tmp_path):
     cells = matrix_cells(matrix)
     suites = ("block_freeing", "capacity", "no_recompute", "token_equality")
     assert set(suites) <= set(next(iter(cells.values()))), matrix
-    lacks = "skipped: stack without the feature"
     missing = "skipped: device missing"
     expected = {  # (stack, target) -> (capacity, token_equality); the other suites: —
         ("default", "vllm-cpu"): ("—", "1 passed"),
         ("default", "spyre-eager-cp"): ("1 passed", "1 passed"),
-        ("default", "spyre-eager-cb"): (lacks, lacks),
         ("default", "spyre-sendnn-cp"): (missing, missing),
-        (LEGACY, "vllm-cpu"): ("—", lacks),
-        (LEGACY, "spyre-eager-cb"): (lacks, "1 passed"),
-        (LEGACY, "spyre-eager-cp"): (lacks, lacks),
-        (LEGACY, "spyre-sendnn-cp"): (lacks, lacks),
+        (LEGACY, "spyre-eager-cb"): ("—", "1 passed"),  # the stack has no capacity suite
     }
     assert set(cells) == set(expected), matrix
     for key, (capacity, token_equality) in expected.items():
@@ -81,10 +78,12 @@ def test_two_stacks_make_one_summary_with_every_stacks_tables(tmp_path):
             (key, matrix)
 
     skips = section(text, "## Skipped tests by reason")
-    device = skips.split("### stack without the feature")[0]
-    assert "### device missing: 2 test(s)" in device and "| 2 | default |" in device
-    assert f"suite capacity does not run on stack {LEGACY}" in skips
-    assert f"vllm-cpu does not run on stack {LEGACY}" in skips
+    assert "### device missing: 2 test(s)" in skips and "| 2 | default |" in skips
+    assert "### stack without the feature" not in skips  # not collected, not skipped
+    lacks = section(text, "## What each stack does not have (not collected)")
+    assert "| default | spyre-eager-sb | sendnn-inference 2.x removed static batching" in lacks
+    assert f"| {LEGACY} | suite capacity | the plugin overwrites" in lacks
+    assert f"| {LEGACY} | vllm-cpu | vLLM 0.9.0.1 is an empty build" in lacks
 
     default = section(text, "## Stack `default`")
     for target in ("spyre-eager-cp", "vllm-cpu"):

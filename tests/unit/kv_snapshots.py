@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checks.ledger import Violation
-from harness.core.trace import SOURCE_SPYRE_RUNNER, KvSnapshot
+from harness.core.trace import KvSnapshot
+from harness.targets.spyre.ledger_sources import SOURCE_SPYRE_RUNNER
 
 
 def healthy(**overrides: Any) -> KvSnapshot:

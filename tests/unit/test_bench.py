@@ -60,15 +60,24 @@ def test_a_failing_suite_run_makes_the_bench_exit_non_zero(tmp_path, monkeypatch
 
 
 def test_start_figures_are_median_and_nearest_rank_p90():
-    bench = load_bench()
-    fig = bench.start_figures([1.0, 9.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0])
+    from bench.suite_runs import start_figures
+
+    fig = start_figures([1.0, 9.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0])
     assert (fig["n"], fig["median"], fig["p90"]) == (10, 5.5, 9.0)
-    assert bench.start_figures([])["median"] is None
+    assert start_figures([])["median"] is None
 
 
-def test_the_bench_starts_a_spyre_eager_variant_the_default_stack_runs():
-    vid = load_bench().spyre_eager()
-    assert KINDS["spyre"].stack_feature_problem(VARIANTS[vid], DEFAULT_STACK) is None
+def test_the_bench_starts_variants_the_default_stack_runs_without_a_device():
+    from bench.bench_variants import cpu_kinds, device_cpu_variant, paged_variant
+
+    paged, device_mode = VARIANTS[paged_variant()], VARIANTS[device_cpu_variant()]
+    for v in (paged, device_mode):
+        assert KINDS[v.target].stack_feature_problem(v, DEFAULT_STACK) is None
+        assert not KINDS[v.target].needs_device(v)
+    # The plain engine runs on the CPU itself; the other is a device kind's plugin on the CPU.
+    assert not KINDS[paged.target].device.leased and KINDS[device_mode.target].device.leased
+    assert (paged.backend, paged.mode) == (None, None)
+    assert cpu_kinds()[:2] == [paged.target, device_mode.target]
 
 
 def _row(label: str, wall: float, rc: int = 1, engines: int = 1) -> dict[str, Any]:
@@ -136,3 +145,20 @@ def test_a_faulted_run_that_passes_is_named_not_measured():
     fig = triage_figures(_row("fault, --no-triage", 20.0, rc=0), _row("fault, triage", 21.0), [])
     assert fig["problem"] == ("the run 'fault, --no-triage' did not fail (exit 0 [1 passed]): the"
                               " fault no longer fails the test")
+
+
+def test_the_mission_part_reports_the_triage_seconds_of_a_green_run(tmp_path, monkeypatch):
+    bench = load_bench()
+    _no_models(monkeypatch)
+    triage = {"mission cold": 26.1, "mission warm": 0.02}
+
+    def run(label: str, *a: Any) -> dict[str, Any]:
+        return {"label": label, "returncode": 0, "outcome": "ok", "wall_s": 1.0,
+                "engines_started": 0, "reference_computed": 0, "engine_start_s": {},
+                "split_s": {"engine_start": 0.0, "engine_calls": 0.0, "engine_compute": 0.0,
+                            "reference": 0.0, "checks": 0.0, "triage": triage[label]}}
+
+    monkeypatch.setattr(bench, "pytest_run", run)
+    assert bench.main(["--parts", "mission", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "latest.json").read_text())
+    assert result["green_run_triage_s"] == {"cold": 26.1, "warm": 0.02}

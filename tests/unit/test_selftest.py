@@ -3,6 +3,7 @@ the exit rule, and its results as an Allure suite of their own."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,16 +12,19 @@ from harness.in_engine.faults import FAULTS
 from harness.report.categories import classify
 from harness.report.results import labels_of, load_results
 from harness.selftest import (
-    CARD_ONLY_FAULTS,
-    CPU_CASES,
     Case,
     Outcome,
     cases_for,
+    cpu_cases,
+    device_cases,
+    device_only_faults,
+    host_kinds,
     judge,
     table,
     uncaught_families,
     write_allure,
 )
+from harness.targets import KINDS, all_variants, selftest_modules
 
 CASE = Case("perturb-logit:position=5", "vllm-cpu", "suites/test_token_equality.py",
             "single", "token mismatch")
@@ -33,7 +37,22 @@ def junit(tmp_path: Path, body: str) -> Path:
 
 
 def test_every_fault_family_has_a_case_on_the_cpu_paths():
-    assert {c.family for c in CPU_CASES} == set(FAULTS) - set(CARD_ONLY_FAULTS)
+    assert {c.family for c in cpu_cases()} == set(FAULTS) - set(device_only_faults())
+
+
+def test_each_kind_declares_the_cases_of_its_own_targets():
+    """A case lives with the kind whose target it runs on; a device case runs on one of the
+    kind's variants that need a device, with the device required."""
+    assert selftest_modules(), "no kind declares a selftest case"
+    for name, module in selftest_modules().items():
+        for case in getattr(module, "CASES", ()):
+            assert all_variants()[case.target].target == name, (name, case)
+        for case in getattr(module, "DEVICE_CASES", ()):
+            variant = all_variants()[case.target]
+            assert variant.target == name and KINDS[name].needs_device(variant), (name, case)
+            assert "--require-device" in case.extra, case
+    cases = [*cpu_cases(), *(c for k in KINDS for c in device_cases(k))]
+    assert len(set(cases)) == len(cases), "a case is declared twice"
 
 
 def test_cards_add_their_cases_and_a_family_can_be_chosen():
@@ -45,6 +64,25 @@ def test_cards_add_their_cases_and_a_family_can_be_chosen():
     assert {c.family for c in cases_for([], ["hang-engine"])} == {"hang-engine"}
     with pytest.raises(ValueError, match="unknown fault.*known: "):
         cases_for([], ["no-such-fault"])
+    for kind in KINDS:  # every kind's device cases, and nothing else, join the CPU paths'
+        assert cases_for([kind]) == [*cpu_cases(), *device_cases(kind)]
+
+
+def test_a_fault_with_no_case_off_its_device_says_what_proves_it():
+    fault, why = next(iter(device_only_faults().items()))
+    with pytest.raises(ValueError, match=f"--fault {fault}: no selftest case on this host"
+                       rf" \(device kinds: none, the CPU paths\); {fault} {re.escape(why)}"):
+        cases_for([], [fault])
+
+
+def test_the_host_kinds_are_those_with_a_device_their_device_variants_run_on(tmp_path):
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[device]]\nid = "stand-in"\nkind = "spyre"\nbackend = "eager"\n')
+    assert host_kinds(str(inv)) == []  # a CPU-mode stand-in is no card
+    inv.write_text('[[device]]\nid = "card0"\nkind = "spyre"\nfeatures = ["cb"]\n'
+                   '[[device]]\nid = "n0"\nkind = "neuron"\n'
+                   '[[device]]\nid = "cpu0"\nkind = "cpu"\n')
+    assert host_kinds(str(inv)) == ["neuron", "spyre"]
 
 
 def test_the_expected_categories_are_real_categories():
@@ -62,7 +100,7 @@ def test_the_expected_categories_are_real_categories():
         "engine crash / harness error":
             "harness.engine.host.EngineStartError: engine died with exit code 3 while starting",
     }
-    for case in CPU_CASES:
+    for case in cases_for(list(KINDS)):
         assert classify("failed", samples[case.expect]) == case.expect, case
 
 
@@ -91,9 +129,7 @@ def test_a_pass_a_wrong_category_or_no_test_is_not_a_catch(tmp_path):
 
 def test_every_case_runs_on_a_mode_its_stack_has():
     """A case on a mode its stack lacks would be skipped on every host: never proven."""
-    from harness.targets import KINDS, all_variants
-
-    for c in CPU_CASES:
+    for c in cpu_cases():
         variant = all_variants()[c.target]
         problem = KINDS[variant.target].stack_feature_problem(variant, c.stack)
         assert problem is None, (c, problem)

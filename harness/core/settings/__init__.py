@@ -1,5 +1,6 @@
 """The typed configuration layer: the value types of every option and ``HIL_*`` variable
-(values.py), the registry of the variables (variables.py), and the one function that reads a
+(values.py), the registry of the variables (variables.py: those declared there, and those a
+kind declares, registered by the kind registry), and the one function that reads a
 raw string for a named setting (``parse``), raising a one-line ``SettingError`` that names it.
 
 The pytest options (harness/plugin/options.py) and the ``hil`` commands (harness/cli.py) declare
@@ -19,13 +20,16 @@ from harness.core.settings.values import (
 from harness.core.settings.variables import (
     BY_OPTION,
     BY_VARIABLE,
+    DECLARED_BY,
     VARIABLES,
     Variable,
     env_problems,
     env_value,
+    register_variables,
 )
 
 __all__ = [
-    "BY_OPTION", "BY_VARIABLE", "MAX_LOGPROBS", "TYPES", "VARIABLES", "SettingError", "ValueType",
-    "Variable", "choice", "env_problems", "env_value", "parse", "value_type", "where",
+    "BY_OPTION", "BY_VARIABLE", "DECLARED_BY", "MAX_LOGPROBS", "TYPES", "VARIABLES",
+    "SettingError", "ValueType", "Variable", "choice", "env_problems", "env_value", "parse",
+    "register_variables", "value_type", "where",
 ]

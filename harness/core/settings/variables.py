@@ -4,14 +4,17 @@ variable), and whether it is internal (set by the harness for its own child proc
 by a user).
 
 The options' variables get their help from harness/plugin/options.py; the others are described
-here, and docs/configuration.md lists them all (tests/unit/core/test_settings.py checks that
-every variable read anywhere is declared here, and every user-facing one documented).
+here. A layer above core declares the variables it owns with ``register_variables``: the kind
+registry (harness/targets/__init__.py) registers each target kind's ``variables`` when it loads,
+so a kind's variables are declared in its own package, once. docs/configuration.md lists them
+all (tests/unit/core/test_settings.py checks that every variable read anywhere is declared,
+and every user-facing one documented).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +50,9 @@ def _internal(name: str, doc: str) -> Variable:
 # The engine start modes of harness/engine/forkserver.py (MODES; a unit test keeps them equal).
 ENGINE_START_MODES = ("platform", "preload", "fresh")
 
-VARIABLES: tuple[Variable, ...] = (
+# Extended in place by register_variables (a kind's variables), never rebound: a module that
+# imported it sees every registered variable.
+VARIABLES: list[Variable] = [
     # The pytest options' variables (harness/plugin/options.py), also the hil commands'.
     _opt("HIL_MODEL", "text", "--model"),
     _opt("HIL_TARGET", "text", "--target"),
@@ -76,7 +81,8 @@ VARIABLES: tuple[Variable, ...] = (
              " where the platform allows), preload or fresh (harness/engine/forkserver.py)"),
     Variable("HIL_FAULTS", "text",
              doc="faults (harness/in_engine/faults/) an engine installs, separated by ';'; set"
-             " per device in an inventory's env table (--inject-fault sets them for all)"),
+             " per device in an inventory's env table (--inject-fault sets them for all); in"
+             " the environment of a run it is refused"),
     Variable("HIL_FULL_PROBE_MAX_BLOCKS", "whole",
              doc="KV probe: above this many blocks a snapshot is a delta (default 4096; 0:"
              " always)"),
@@ -92,10 +98,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HIL_DEVICE_INSTANCE", "text",
              doc="the device instance a report names (default: from the engine environment)"),
     Variable("HIL_PYTHON", "path",
-             doc="the Python ./setup.sh and stack installs create venvs with (a Neuron host:"
-             " the SDK environment's python)"),
-    Variable("HIL_VLLM_NEURON_GIT", "text",
-             doc="the git repository the neuron stack installs vllm-neuron from"),
+             doc="the Python ./setup.sh and stack installs create venvs with (a stack on a"
+             " vendor SDK: the SDK environment's python)"),
     Variable("HIL_CARD_HOST_DIR", "path",
              doc="tools/card-host/run.sh: its work folder (default .hil-cache/card-host)"),
     Variable("HIL_CARD_HOST_BASE_PYTHON", "path",
@@ -109,15 +113,40 @@ VARIABLES: tuple[Variable, ...] = (
     # Set by the harness for its own child processes.
     _internal("HIL_ENGINE_AUTHKEY", "the engine process's connection key (engine host)"),
     _internal("HIL_FORKSERVER_AUTHKEY", "the preloaded parent's connection key (forkserver)"),
+    _internal("HIL_FORKSERVER_KIND_MODULES",
+              "the kinds' plugin preload maps and engine modules, for the preloaded parent"),
     _internal("HIL_DEVICE_ID", "the leased device an engine runs on (lab leases)"),
     _internal("HIL_FAULT_STATE_DIR", "the run's fault-state folder (engine pool)"),
     _internal("HIL_CARD_ADDRESS", "the card address the on-card verification expects"),
     _internal("HIL_ALLOW_EXTERNAL_FAULTS", "set from --allow-external-faults for engines"),
-    _internal("HIL_NEURON_ENGINE", "a Neuron device's engine table, from its inventory entry"),
-)
+]
 
 BY_VARIABLE: dict[str, Variable] = {v.name: v for v in VARIABLES}
 BY_OPTION: dict[str, Variable] = {v.option: v for v in VARIABLES if v.option}
+CORE = "harness.core.settings"
+# Who declared each variable (CORE, or the owner given to register_variables).
+DECLARED_BY: dict[str, str] = dict.fromkeys(BY_VARIABLE, CORE)
+
+
+def register_variables(variables: Iterable[Variable], owner: str) -> None:
+    """Declare ``variables``, owned by ``owner`` (a target kind's name): each joins VARIABLES,
+    BY_VARIABLE and, with an option, BY_OPTION. The same declaration by the same owner again
+    changes nothing; a name or an option declared otherwise raises ValueError naming both."""
+    for var in variables:
+        known = BY_VARIABLE.get(var.name)
+        if known is not None:
+            if known == var and DECLARED_BY[var.name] == owner:
+                continue
+            raise ValueError(f"{var.name} is declared by {DECLARED_BY[var.name]} and again by"
+                             f" {owner}; declare each variable once")
+        if var.option is not None and var.option in BY_OPTION:
+            raise ValueError(f"{var.name} ({owner}) sets option {var.option}, which"
+                             f" {BY_OPTION[var.option].name} sets already")
+        VARIABLES.append(var)
+        BY_VARIABLE[var.name] = var
+        DECLARED_BY[var.name] = owner
+        if var.option is not None:
+            BY_OPTION[var.option] = var
 
 
 def env_value(name: str, environ: Mapping[str, str] | None = None, default: Any = None) -> Any:

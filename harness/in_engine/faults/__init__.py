@@ -15,16 +15,21 @@ when a finished request's blocks are freed), ``logits`` (what the sampler sees),
 (a model kernel's numbers, inside the forward pass), ``engine``
 (the engine process, its KV block count) and ``conditions`` (bugs that show under one
 condition of a run only, one per condition triage varies); a target kind's own faults live
-in its package, in the modules its ``fault_modules`` names,
-which the kind registry loads here. The registry sits beside this package, not in it, so a
-kind's fault module imports it without running this loader: no import loop. None imports
-vLLM or a plugin before a fault is installed.
+in its package, in the modules its ``fault_modules`` names. Those reach this package by name
+(``load_fault_modules``): in the engine process from the engine's configuration
+(``harness.in_engine.kind_modules``, read by ``apply_faults``), on the harness side from the
+kind registry (``harness.targets``), which loads every kind's when it is imported, so that
+option and inventory validation and ``hil selftest`` see every fault. The registry of faults
+sits beside this package, not in it, so a kind's fault module imports it without running this
+loader: no import loop. None imports vLLM or a plugin before a fault is installed.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from harness.in_engine.fault_registry import FAULT_STATE_ENV, FAULTS, FaultFn, arm, armed
@@ -36,26 +41,27 @@ from harness.in_engine.faults import (  # noqa: F401 - they register their fault
     logits,
     scheduler,
 )
-from harness.targets import load_fault_modules
+from harness.in_engine.kind_modules import KindModules, import_modules
 
 __all__ = [
     "ALLOW_EXTERNAL_ENV", "FAULTS", "FAULT_STATE_ENV", "FaultFn", "apply_faults", "arm", "armed",
-    "check_fault_specs", "engine_stack", "engine_variant", "env_fault_specs", "parse_fault",
+    "GENERIC_KEYS", "check_fault_spec", "check_fault_specs", "engine_stack", "engine_variant",
+    "env_fault_specs", "load_fault_modules", "parse_fault",
 ]
 
 ALLOW_EXTERNAL_ENV = "HIL_ALLOW_EXTERNAL_FAULTS"
 
 
-def _load_kind_faults() -> None:
-    """Have the registry import the fault modules the kinds declare (which register their
-    faults), then put ``FAULTS`` in name order, whichever module registered them."""
-    load_fault_modules()
+def load_fault_modules(names: Iterable[str]) -> None:
+    """Import the named fault modules (each registers its faults), then put ``FAULTS`` in name
+    order, whichever module registered them."""
+    import_modules(names)
     ordered = sorted(FAULTS.items())
     FAULTS.clear()
     FAULTS.update(ordered)
 
 
-_load_kind_faults()
+load_fault_modules(())  # this package's own, in name order
 
 
 def parse_fault(spec: str, allow_external: bool = False) -> tuple[FaultFn, dict[str, str]]:
@@ -88,21 +94,68 @@ def env_fault_specs(value: str) -> list[str]:
     return [x.strip() for x in value.split(";") if x.strip()]
 
 
+# Keys every fault takes, whatever its function: where it is installed (``apply_faults``).
+GENERIC_KEYS = ("variant", "stack")
+
+
 def check_fault_specs(value: str, allow_external: bool = False) -> None:
-    """Raise ValueError for a ``HIL_FAULTS`` value naming a fault not allowed (nothing is
-    imported for a known name; an external one is only checked by name here)."""
+    """Raise ValueError for a ``HIL_FAULTS`` value naming a fault not allowed, or giving a
+    harness fault a key its function does not take (nothing is imported for a known name; an
+    external one is only checked by name here)."""
     for spec in env_fault_specs(value):
         name = spec.partition(":")[0]
-        if name in FAULTS or ("." in name and allow_external):
+        if "." in name and allow_external:
             continue
-        parse_fault(spec, allow_external=False)  # raises with the message
+        _, kwargs = parse_fault(spec, allow_external=False)  # an unknown name raises here
+        _check_keys(spec, FAULTS[name], kwargs)
+
+
+def check_fault_spec(spec: str, variants: Collection[str], stacks: Collection[str],
+                     allow_external: bool = False) -> None:
+    """Raise ValueError, naming what is known, unless ``spec`` would install as written: a
+    known fault (or, with ``allow_external``, an importable ``module.function``), each key one
+    its function takes or a generic one (``GENERIC_KEYS``), every argument it requires given,
+    ``variant=`` one of ``variants`` and ``stack=`` one of ``stacks``. Run on the harness side
+    before any engine starts: an engine only learns of a typo by installing nothing."""
+    fn, kwargs = parse_fault(spec, allow_external=allow_external)
+    _check_keys(spec, fn, kwargs)
+    variant = kwargs.get("variant")
+    if variant is not None and variant not in variants:
+        raise ValueError(f"fault {spec!r}: variant={variant!r} is no target variant, so the"
+                         f" fault would be installed nowhere; known: {', '.join(variants)}")
+    stack = kwargs.get("stack")
+    if stack is not None and stack not in stacks:
+        raise ValueError(f"fault {spec!r}: stack={stack!r} is no stack, so the fault would be"
+                         f" installed nowhere; known: {', '.join(stacks)}")
+
+
+def _check_keys(spec: str, fn: FaultFn, kwargs: dict[str, str]) -> None:
+    """Raise ValueError for a key ``fn`` does not take, or an argument it requires and
+    ``spec`` lacks (either would be a TypeError in every engine)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]  # after the engine config
+    except (TypeError, ValueError):  # a builtin or C function: its keys cannot be known here
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    name = spec.partition(":")[0]
+    if unknown := [k for k in kwargs if k not in takes and k not in GENERIC_KEYS]:
+        known = ", ".join(takes + list(GENERIC_KEYS))
+        raise ValueError(f"fault {spec!r}: unknown key(s) {', '.join(unknown)}; {name} takes:"
+                         f" {known}")
+    required = [p.name for p in params if p.default is p.empty and p.name in takes]
+    if missing := [k for k in required if k not in kwargs]:
+        raise ValueError(f"fault {spec!r}: {name} needs {', '.join(f'{k}=VALUE' for k in missing)}")
 
 
 def apply_faults(specs: list[str], config: dict[str, Any]) -> None:
     """Install every fault in ``specs`` and in ``$HIL_FAULTS`` (separated by ";"; set per
     device in an inventory to simulate a broken card); called before vLLM starts.
     External ``module.function`` faults only with ``$HIL_ALLOW_EXTERNAL_FAULTS=1``, which
-    ``--allow-external-faults`` sets."""
+    ``--allow-external-faults`` sets. The kinds' fault modules ``config`` names are loaded
+    first, so a spec may name any kind's fault."""
+    load_fault_modules(KindModules.from_config(config).fault_modules)
     allow = os.environ.get(ALLOW_EXTERNAL_ENV, "") not in ("", "0")
     env_specs = env_fault_specs(os.environ.get("HIL_FAULTS", ""))
     for spec in list(specs) + env_specs:

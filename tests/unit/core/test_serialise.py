@@ -11,13 +11,13 @@ from harness.core.serialise import (
     trace_to_dict,
 )
 from harness.core.trace import (
-    SOURCE_SPYRE_LEGACY_RUNNER,
     KvSnapshot,
     RequestTrace,
     StepRecord,
     TokenStep,
     Trace,
 )
+from harness.targets.spyre.ledger_sources import SOURCE_SPYRE_LEGACY_RUNNER
 from tests.unit.kv_snapshots import healthy, idle
 
 

@@ -1,7 +1,8 @@
 """The typed settings layer: each value type accepts its range and refuses the rest in one line
 naming the option (or the variable and its option), the value and the accepted form; the
-options and the variables are declared once, every HIL_* name the code reads is declared, and
-every user-facing one is documented (docs/configuration.md)."""
+options and the variables are declared once, every HIL_* name the code reads is declared (by the settings layer, or by a target kind, whose
+variables the kind registry registers), and every user-facing one is documented
+(docs/configuration.md)."""
 
 import argparse
 import importlib.util
@@ -10,16 +11,20 @@ from pathlib import Path
 
 import pytest
 
+import harness.targets  # noqa: F401 - the kind registry registers the kinds' variables
 from harness.core.paths import REPO_ROOT
 from harness.core.settings import (
     BY_OPTION,
     BY_VARIABLE,
+    DECLARED_BY,
     MAX_LOGPROBS,
     VARIABLES,
     SettingError,
+    Variable,
     env_problems,
     env_value,
     parse,
+    register_variables,
 )
 from harness.plugin import options
 from harness.plugin.options import BY_NAME, OPTIONS, EnvProblem, argparse_type, env_default
@@ -239,8 +244,9 @@ def test_every_hil_variable_in_the_code_is_declared():
         for name in NAME.findall(p.read_text(errors="replace")):
             found.setdefault(name, str(p.relative_to(REPO_ROOT)))
     undeclared = {n: where for n, where in found.items() if n not in BY_VARIABLE}
-    assert not undeclared, ("declare these in harness/core/settings/variables.py (and list"
-                            f" them in docs/configuration.md): {undeclared}")
+    assert not undeclared, ("declare these in harness/core/settings/variables.py, or a kind's"
+                            " in its kind's variables (and list them in"
+                            f" docs/configuration.md): {undeclared}")
     assert {"HIL_INVENTORY", "HIL_ENGINE_AUTHKEY", "HIL_PYTHON"} <= set(found)
 
 
@@ -273,3 +279,39 @@ def test_env_problems_lists_each_bad_user_variable_once():
            "HIL_FULL_PROBE_MAX_BLOCKS": "nan"}
     found = [e.where for e in env_problems(env)]
     assert found == ["HIL_SHARD (option --shard)", "HIL_FULL_PROBE_MAX_BLOCKS"]
+
+
+def test_each_kind_declares_its_own_variables_once():
+    """A kind's variables are declared by its kind module (``variables``) and registered by the
+    kind registry, never by the settings layer under core."""
+    from harness.targets import KINDS
+
+    declared = [(k.name, var) for k in KINDS.values() for var in k.variables]
+    assert declared, "no kind declares a variable: the registration is untested"
+    for name, var in declared:
+        assert BY_VARIABLE[var.name] is var and var in VARIABLES
+        assert DECLARED_BY[var.name] == f"target kind {name}"
+    assert DECLARED_BY["HIL_NEURON_ENGINE"] == "target kind neuron"
+
+
+def test_a_registered_variable_is_declared_once(monkeypatch):
+    from harness.core.settings import variables as registry
+
+    for name in ("VARIABLES", "BY_VARIABLE", "BY_OPTION", "DECLARED_BY"):
+        monkeypatch.setattr(registry, name, type(getattr(registry, name))(getattr(registry, name)))
+    mine = Variable("HIL_KIND_THING", "whole", doc="a kind's own")
+    register_variables([mine], "target kind tpu")
+    register_variables([mine], "target kind tpu")  # the registry loaded again: no change
+    assert registry.VARIABLES.count(mine) == 1 and registry.BY_VARIABLE["HIL_KIND_THING"] is mine
+    assert registry.DECLARED_BY["HIL_KIND_THING"] == "target kind tpu"
+    assert registry.env_value("HIL_KIND_THING", {"HIL_KIND_THING": "3"}) == 3
+    with pytest.raises(ValueError, match="HIL_KIND_THING is declared by target kind tpu and"
+                       " again by target kind other"):
+        register_variables([mine], "target kind other")
+    with pytest.raises(ValueError, match="HIL_MODEL is declared by harness.core.settings"):
+        register_variables([Variable("HIL_MODEL", "text")], "target kind tpu")
+    with pytest.raises(ValueError, match="sets option --model, which HIL_MODEL sets already"):
+        register_variables([Variable("HIL_OTHER_MODEL", "text", option="--model")], "target kind tpu")
+    with_option = Variable("HIL_TPU_FLAG", "flag", option="--tpu-flag")
+    register_variables([with_option], "target kind tpu")
+    assert registry.BY_OPTION["--tpu-flag"] is with_option

@@ -16,7 +16,7 @@ import pytest
 
 from harness.checks.ledger import check_idle_ledgers, check_ledger
 from harness.core.errors import EngineCrashed, EngineRequestError
-from harness.core.trace import SOURCE_SPYRE_RUNNER, KvSnapshot, StepRecord, Trace
+from harness.core.trace import KvSnapshot, StepRecord, Trace
 from harness.core.verdict import INHERITED_STATE
 from harness.engine.device_ledger import DeviceLedger, ledger_problems, ledger_summary_lines
 from harness.engine.hygiene import (
@@ -34,6 +34,7 @@ from harness.report.root_cause import (
     labels_for,
     root_cause_markdown,
 )
+from harness.targets.spyre.ledger_sources import SOURCE_SPYRE_RUNNER
 
 
 def clean() -> KvSnapshot:

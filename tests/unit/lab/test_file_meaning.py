@@ -427,6 +427,31 @@ def test_a_quarantine_entry_can_hold_on_some_stacks_only(tmp_path):
         load_quarantine(q)
 
 
+def test_a_quarantine_entry_can_hold_on_hosts_whose_cpu_lacks_flags_only(tmp_path):
+    from harness.lab.quarantine import host_cpu_flags
+
+    q = tmp_path / "q.toml"
+    q.write_text(f'[[known]]\ntest = "{S}::test_b"\nreason = "r"\nissue = "I"\n'
+                 'cpu_lacks = ["avx512f", "avx512_bf16"]\n')
+    (k,) = load_quarantine(q)
+    assert k.cpu_lacks == ("avx512f", "avx512_bf16")
+    assert k.holds_on("default", frozenset({"avx2", "fma"}))
+    assert not k.holds_on("default", frozenset({"avx2", "avx512f"}))
+    assert k.why_not("default", frozenset({"avx512f"})) == (
+        "it holds on hosts whose CPU lacks avx512f, avx512_bf16; this host's has avx512f")
+    stacked = KnownFailure(f"{S}::test_b", "r", "I", stacks=("default",), cpu_lacks=("x",))
+    assert "stack(s) default" in str(stacked.why_not("canary", frozenset()))
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nflags\t: other\n")
+    assert host_cpu_flags(info) == frozenset({"fpu", "avx2", "fma"})
+    assert host_cpu_flags(tmp_path / "none") == frozenset()
+    for bad in ("[]", '["AVX512F"]', '["a", "a"]'):
+        q.write_text(f'[[known]]\ntest = "{S}::test_b"\nreason = "r"\nissue = "I"\n'
+                     f"cpu_lacks = {bad}\n")
+        with pytest.raises(ValueError, match="cpu_lacks"):
+            load_quarantine(q)
+
+
 def test_the_record_is_json_the_harness_writes(tmp_path):
     save_record(tmp_path, {"b": "cfg-2", "a": "cfg-1"})
     assert json.loads((tmp_path / RECORD).read_text()) == {"a": "cfg-1", "b": "cfg-2"}

@@ -10,6 +10,7 @@ from harness.lab.inventory import InventoryError, discover_inventory, load_inven
 from harness.lab.leases import LeaseManager, LeaseUnavailable
 from harness.lab.quarantine import KnownFailure, load_quarantine
 from harness.lab.shard import in_shard, parse_shard
+from harness.targets import device_kinds
 
 TWO_CARDS = """
 [[device]]
@@ -53,7 +54,8 @@ def test_malformed_yaml_names_the_line(tmp_path):
 
 @pytest.mark.parametrize("body,message", [
     ('[[device]]\nkind = "spyre"\n', "device #1: missing 'id'"),
-    ('[[device]]\nid = "x"\nkind = "tpu"\n', "kind 'tpu' is not one of cpu, spyre, neuron"),
+    ('[[device]]\nid = "x"\nkind = "not-a-kind"\n',
+     f"kind 'not-a-kind' is not one of {', '.join(device_kinds())}"),
     ('[[device]]\nid = "x"\nkind = "spyre"\nhealth = "meh"\n', "health 'meh'"),
     ('[[device]]\nid = "x"\nkind = "spyre"\ncolour = 1\n', "unknown field(s) ['colour']"),
     ('[[device]]\nid = "x"\nkind = "cpu"\n[[device]]\nid = "x"\nkind = "cpu"\n', "id listed twice"),

@@ -74,7 +74,8 @@ ROWS = [
     Row("target-comma", ["--target", ","], USAGE, ["--target: ',' names no target"]),
     Row("target-comma-require-device", ["--target", ",", "--require-device"], USAGE,
         ["--target: ',' names no target"]),
-    Row("target-unknown", ["--target", "tpu"], USAGE, ["--target: unknown target 'tpu'"]),
+    Row("target-unknown", ["--target", "not-a-kind"], USAGE,
+        ["--target: unknown target 'not-a-kind'"]),
     Row("model-missing", ["--model", "{nope}"], USAGE, ["--model: model folder not found:"]),
     Row("model-safetensors-truncated", ["--model", "{model}"], USAGE,
         ["--model:", "model.safetensors: the header describes", "copy or download it again"],
@@ -87,6 +88,32 @@ ROWS = [
          "pass --allow-external-faults"]),
     Row("inject-fault-unknown", ["--inject-fault", "nope"], USAGE,
         ["--inject-fault: unknown fault 'nope'; known: abort-keeps-blocks, attn-scale, block-too-few"]),
+    # A fault is installed only where the run says, as written: a spec that would install
+    # nowhere, or raise in every engine, is refused before any engine starts.
+    Row("inject-fault-variant-typo", ["--inject-fault", "forget-free:variant=vllm_cpu"], USAGE,
+        ["--inject-fault: fault 'forget-free:variant=vllm_cpu': variant='vllm_cpu' is no target"
+         " variant, so the fault would be installed nowhere; known: vllm-cpu, "]),
+    Row("inject-fault-stack-unknown", ["--inject-fault", "forget-free:stack=spyre-9"], USAGE,
+        ["stack='spyre-9' is no stack, so the fault would be installed nowhere; known: default, "]),
+    Row("inject-fault-unknown-key", ["--inject-fault", "forget-free:bogus=1"], USAGE,
+        ["--inject-fault: fault 'forget-free:bogus=1': unknown key(s) bogus; forget-free takes:"
+         " after, variant, stack"]),
+    Row("inject-fault-required-key-missing", ["--inject-fault", "open-other-card"], USAGE,
+        ["--inject-fault: fault 'open-other-card': open-other-card needs address=VALUE"]),
+    Row("inventory-fault-unknown-key", ["--inventory", "{inv.toml}"], USAGE,
+        ["env HIL_FAULTS: fault 'crash-engine:at=start': unknown key(s) at; crash-engine takes:"
+         " when, variant, stack"],
+        {"inv.toml": INV + 'env = { HIL_FAULTS = "crash-engine:at=start" }\n'}),
+    # A HIL_FAULTS the run did not set itself would be installed in every engine and named
+    # in no report.
+    Row("env-faults-inherited", [], USAGE,
+        ["env HIL_FAULTS='forget-free': a fault from the environment would be installed in every"
+         " engine of this run and named in no report; pass it as --inject-fault 'forget-free',"
+         " or unset HIL_FAULTS"], env={"HIL_FAULTS": "forget-free"}),
+    Row("env-faults-inherited-with-option", ["--inject-fault", "perturb-logit"], USAGE,
+        ["env HIL_FAULTS='nope;forget-free:after=1': ", "pass it as --inject-fault 'nope'"
+         " --inject-fault 'forget-free:after=1', or unset HIL_FAULTS"],
+        env={"HIL_FAULTS": "nope;forget-free:after=1"}),
     Row("help-writes-nothing", ["--help"], 0, ["--allow-external-faults"]),
     # Every option and variable typed once (harness/core/settings/): refused at the start,
     # naming the option (or the variable and its option), the value and the accepted form.

@@ -187,3 +187,18 @@ def test_hil_report_remakes_the_merged_summary_only_for_the_same_results(tmp_pat
         {"uuid": "0", "name": "t", "status": "passed"}))
     assert write_report_summary(tmp_path / "allure-results", tmp_path / "summary.md") \
         .startswith("# vllm-hil run\n")
+
+
+def test_what_each_stack_lacks_is_said_once_in_the_merged_summary(tmp_path):
+    text = two_stack_run(tmp_path)
+    heading = "## What each stack does not have (not collected)"
+    assert text.count(heading) == 1
+    (table,) = tables(section(text, heading))
+    assert table[0] == "| stack | not collected | why |"
+    assert "| default | spyre-eager-cb | sendnn-inference 2.x removed plain continuous batching:" \
+        " decoders always run chunked prefill (spyre-eager-cp) |" in table
+    assert f"| {LEGACY} | suite capacity | {NO_CAPACITY}" in table[-1]
+    # Not again in the stacks' own parts.
+    for stack in ("default", LEGACY):
+        assert heading.removeprefix("## ") not in (tmp_path / "stacks" / stack / "summary.md") \
+            .read_text()

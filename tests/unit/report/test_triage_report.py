@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -134,6 +135,38 @@ def test_terminal_lines_name_each_test_and_the_total_and_skip_what_is_not_a_tria
     assert terminal_lines(rows) == [
         f"triage: {NODE}: {BATCH_VERDICT} (3 runs, 42.0 s)",
         "triage: 1 failure(s) triaged in 42.0 s"]
+
+
+RECORDED = "2026-12-07 03:12:45 UTC"
+
+
+def reused_result(nodeid: str = NODE) -> TriageResult:
+    """``batching_result`` reused from the record of a known failure made at RECORDED."""
+    return replace(batching_result(nodeid, seconds=0.01), reused_from=RECORDED)
+
+
+def test_a_reused_triage_is_labelled_with_the_date_it_was_made_and_a_fresh_one_is_not():
+    assert ("triage_reused", RECORDED) in labels_for(reused_result())
+    assert ("triage_reused", "no") in labels_for(batching_result())
+    text = description_with_triage(None, [reused_result()])
+    assert f"(3 runs, reused: triaged {RECORDED}, 0.0 s now;" in text
+    assert reused_result().table().endswith(f"3 runs, reused: triaged {RECORDED}, 0.0 s now")
+
+
+def test_summary_and_terminal_say_which_triages_were_reused():
+    tests = [triaged("b", batching_result("suites/t.py::b"), uuid="u1"),
+             triaged("c", reused_result("suites/t.py::c"), uuid="u2")]
+    rows = rows_from_results(tests)
+    assert [r.reused_from for r in rows] == ["", RECORDED]
+    md = "\n".join(triage_markdown(rows))
+    assert f"| {BATCH_VERDICT} (reused: triaged {RECORDED}) | 3 | 0.0 |" in md
+    assert f"| {BATCH_VERDICT} | 3 | 42.0 |" in md
+    assert "42.0 s in all; 1 of them known failure(s) whose recorded triage was reused" in md
+    rows, bad = rows_from_stats([reused_result().to_dict()])
+    assert not bad and terminal_lines(rows) == [
+        f"triage: {NODE}: {BATCH_VERDICT} (reused: triaged {RECORDED}) (3 runs, 0.0 s)",
+        "triage: 1 failure(s) triaged in 0.0 s; 1 of them known failure(s) whose recorded"
+        " triage was reused, not re-run"]
 
 
 # ------------------------------------------------------------------ categories

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench.model_stats import model_exposure
-from fixtures import models
+from fixtures import model_hash, models
 from fixtures.models import MODEL_SPECS, build_model, model_content_hash, resolve_model
 from harness.checks.exposure import Exposure
 
@@ -160,20 +160,20 @@ def test_second_build_reuses_folder(
     def no_rebuild(*args: object, **kwargs: object) -> None:
         raise AssertionError("folder was rebuilt")
 
-    monkeypatch.setattr(models, "_write_model", no_rebuild)
+    monkeypatch.setattr(models, "write_model", no_rebuild)
     assert build_model("tiny-llama", cache_dir) == folder
     assert {p.name: p.stat().st_mtime_ns for p in [folder, *folder.iterdir()]} == before
 
 
 def test_concurrent_builds_make_one_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    real_write = models._write_model
+    real_write = models.write_model
 
     def counting_write(spec: models.ModelSpec, out_dir: Path) -> None:
         calls.append(spec.name)
         real_write(spec, out_dir)
 
-    monkeypatch.setattr(models, "_write_model", counting_write)
+    monkeypatch.setattr(models, "write_model", counting_write)
     # Untrained: this test is about the lock and the temporary folder, not the weights.
     monkeypatch.setattr(models, "MODEL_SPECS", {
         "tiny-llama": dataclasses.replace(MODEL_SPECS["tiny-llama"], train_steps=0)})
@@ -234,22 +234,22 @@ def test_content_hash_memo(
 
     # Freshly written files are not memoised: a same-tick rewrite would keep size and mtime.
     fresh = model_content_hash(folder, memo_dir)
-    assert not (memo_dir / models._MEMO_FILE).exists()
+    assert not (memo_dir / model_hash.MEMO_FILE).exists()
 
     _age_files(folder)
     assert model_content_hash(folder, memo_dir) == fresh
-    memo = json.loads((memo_dir / models._MEMO_FILE).read_text())
+    memo = json.loads((memo_dir / model_hash.MEMO_FILE).read_text())
     assert len(memo["entries"]) == len(listing)
     assert sorted(p.name for p in folder.iterdir()) == listing
 
     hashed: list[str] = []
-    real_sha = models._file_sha256
+    real_sha = model_hash.file_sha256
 
     def counting_sha(path: Path) -> str:
         hashed.append(path.name)
         return real_sha(path)
 
-    monkeypatch.setattr(models, "_file_sha256", counting_sha)
+    monkeypatch.setattr(model_hash, "file_sha256", counting_sha)
     assert model_content_hash(folder, memo_dir) == fresh
     assert hashed == []
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -20,24 +23,32 @@ from harness.targets.variants import VARIANTS
 
 
 def test_registry_lists_each_kind_once_in_order() -> None:
-    assert list(targets.KINDS) == ["cpu-ref", "vllm-cpu", "spyre", "neuron"]
-    assert list(targets.engine_kinds()) == ["vllm-cpu", "spyre", "neuron"]
-    assert list(targets.device_kinds()) == ["cpu", "spyre", "neuron"]
-    assert {n: d.leased for n, d in targets.device_kinds().items()} == {
-        "cpu": False, "spyre": True, "neuron": True}
-    assert list(VARIANTS) == [
-        "vllm-cpu", "vllm-cpu-bf16", "spyre-eager-sb", "spyre-eager-cb", "spyre-eager-cp", "spyre-eager-pc",
-        "spyre-eager-np", "spyre-sendnn-sb", "spyre-sendnn-cb", "spyre-sendnn-cp",
-        "spyre-sendnn-pc", "spyre-sendnn-np", "neuron"]
+    """Every package under harness/targets whose kind module sets KIND, and every kind an
+    entry point declares, once, in (order, name); the other lists follow from them."""
+    packages = {m.KIND for info in pkgutil.iter_modules(targets.__path__) if info.ispkg
+                for m in [importlib.import_module(f"harness.targets.{info.name}.kind")]
+                if getattr(m, "KIND", None) is not None}
+    declared = set(packages) | set(targets._entry_point_kinds())
+    kinds = list(targets.KINDS.values())
+    assert set(kinds) == declared and len(kinds) == len(declared)
+    assert kinds == sorted(kinds, key=lambda k: (k.order, k.name))
+    assert all(targets.KINDS[k.name] is k for k in kinds)
+    assert list(targets.engine_kinds()) == [k.name for k in kinds if issubclass(k, VllmTarget)]
+    assert list(targets.device_kinds()) == list(dict.fromkeys(k.device.name for k in kinds))
+    assert list(VARIANTS) == [v.id for k in kinds for v in k.variants]
     assert VARIANTS["spyre-eager-cb"].markers == ("cpu", "cb")
     assert VARIANTS["spyre-sendnn-cp"].platform_marker == "spyre"
 
 
 def test_unknown_target_and_mode_name_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match="unknown target 'tpu'; known targets: vllm-cpu, spyre, neuron"):
-        EngineConfig(target="tpu", model="m", max_model_len=256, max_num_seqs=2)
-    with pytest.raises(ConfigError, match="runs no engine"):
-        EngineConfig(target="cpu-ref", model="m", max_model_len=256, max_num_seqs=2)
+    unknown = "not-a-kind"
+    assert unknown not in targets.KINDS
+    known = ", ".join(targets.engine_kinds())
+    with pytest.raises(ConfigError, match=re.escape(f"unknown target '{unknown}'; known targets: {known}")):
+        EngineConfig(target=unknown, model="m", max_model_len=256, max_num_seqs=2)
+    for reference in set(targets.KINDS) - set(targets.engine_kinds()):
+        with pytest.raises(ConfigError, match="runs no engine"):
+            EngineConfig(target=reference, model="m", max_model_len=256, max_num_seqs=2)
     with pytest.raises(ConfigError, match="unknown spyre mode 'xb'; known modes: sb, cb, cp"):
         EngineConfig(target="spyre", model="m", max_model_len=256, max_num_seqs=2,
                      mode="xb", backend="eager")

@@ -6,17 +6,14 @@ from __future__ import annotations
 from collections import deque
 
 from harness.checks.ledger import check_idle_all_free, check_step
-from harness.core.trace import (
-    SOURCE_SPYRE_LEGACY_RUNNER,
-    SOURCE_SPYRE_RUNNER,
-    SOURCE_VLLM_SCHEDULER,
-)
+from harness.core.trace import SOURCE_VLLM_SCHEDULER
 from harness.in_engine.probes import snapshot_engine
 from harness.targets.spyre.ledger import (
     LEGACY_DUMMY_ID,
     snapshot_legacy_spyre_runner,
     snapshot_spyre_runner,
 )
+from harness.targets.spyre.ledger_sources import SOURCE_SPYRE_LEGACY_RUNNER, SOURCE_SPYRE_RUNNER
 from tests.unit.vllm_fakes import (
     FakeCBRunner,
     FakeCPRunner,
