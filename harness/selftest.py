@@ -33,15 +33,7 @@ from harness.plugin.options import add_cli_option
 from harness.report.categories import classify
 from harness.stacks.spec import StackError, load_stack, stack_python
 from harness.targets import kinds_on, selftest_modules
-from harness.targets.selftest_case import (  # noqa: F401 - the case vocabulary, re-exported
-    CAPACITY,
-    FREEING,
-    NO_RECOMPUTE,
-    ONE_TOKEN_TEST,
-    TOKEN,
-    Case,
-    vllm_cases,
-)
+from harness.targets.selftest_case import Case
 
 # The kinds declare their cases, each with the kind whose target it runs on, in the module
 # their ``selftest_module`` names (harness/targets/<kind>/selftest_cases.py):
