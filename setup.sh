@@ -5,6 +5,8 @@
 #   ./setup.sh            install the default stack into .venv, or do nothing when it matches its pins
 #   ./setup.sh --relock   resolve the default stack afresh and rewrite its lock (a hash per pin)
 #   ./setup.sh --stack NAME [--relock]   install the pinned stack stacks/NAME.toml into its own venv
+#   ./setup.sh --stack A,B,C   install several stacks side by side (each into its own venv, each
+#                         logged to .hil-cache/setup-NAME.log; the default one with the report tools)
 #   ./setup.sh [--stack NAME] --venv DIR  install into DIR instead (to try a stack)
 #
 # Every step names itself; the first failing step stops the script with its name.
@@ -45,6 +47,36 @@ for cand in "${HIL_PYTHON:-}" python3.11 python3; do
   fi
 done
 [ -n "$PY" ] || { echo "no Python 3.11 found (tried \$HIL_PYTHON, python3.11, python3); install it or set HIL_PYTHON" >&2; exit 1; }
+
+if [[ "$stack" == *,* ]]; then
+  # Several stacks: installs are mostly downloads and file copies, so they run side by side;
+  # each logs to its own file, and the first that fails is named with its log's end.
+  [ ${#opts[@]} -eq 0 ] || { echo "setup.sh: --relock and --venv take one --stack, not a list" >&2; exit 2; }
+  mkdir -p "$ROOT/.hil-cache"
+  IFS=, read -r -a stacks <<< "$stack"
+  pids=()
+  for s in "${stacks[@]}"; do
+    [ -n "$s" ] || { echo "setup.sh: --stack $stack names an empty stack" >&2; exit 2; }
+    echo "==> install stack $s (python -m harness.stacks; log: .hil-cache/setup-$s.log)"
+    args=("$0" --stack "$s")
+    "${args[@]}" > "$ROOT/.hil-cache/setup-$s.log" 2>&1 &
+    pids+=($!)
+  done
+  failed=""
+  for i in "${!stacks[@]}"; do
+    if ! wait "${pids[$i]}"; then
+      failed="$failed ${stacks[$i]}"
+      echo "setup.sh: stack ${stacks[$i]} FAILED; the end of .hil-cache/setup-${stacks[$i]}.log:" >&2
+      tail -n 30 "$ROOT/.hil-cache/setup-${stacks[$i]}.log" >&2
+    else
+      tail -n 1 "$ROOT/.hil-cache/setup-${stacks[$i]}.log"
+    fi
+  done
+  step="install stacks:$failed"
+  [ -z "$failed" ] || exit 1
+  step="done"
+  exit 0
+fi
 
 run_step "install stack $stack (python -m harness.stacks, from stacks/$stack.toml)"
 "$PY" -m harness.stacks install "$stack" ${opts[@]+"${opts[@]}"}

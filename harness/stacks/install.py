@@ -81,6 +81,17 @@ def _install_lock(stack: Stack) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _checkout_build_lock() -> Iterator[None]:
+    """One build of this checkout at a time (an editable install writes its metadata into the
+    checkout): stacks installed side by side take turns for that step only."""
+    lock_path = ROOT / ".hil-cache" / "stacks" / "checkout-build.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 class _Installer:
     def __init__(self, stack: Stack, relock: bool) -> None:
         self.stack = stack
@@ -106,7 +117,12 @@ class _Installer:
         py = str(self.stack.venv_python)
         if step.kind == "pip":
             args = [self.expand(a) for a in step.args]
-            rc = self.run([py, "-m", "pip", "--disable-pip-version-check", *args], step.env)
+            cmd = [py, "-m", "pip", "--disable-pip-version-check", *args]
+            if str(ROOT) in args:  # builds in the checkout: one stack at a time (setup.sh A,B)
+                with _checkout_build_lock():
+                    rc = self.run(cmd, step.env)
+            else:
+                rc = self.run(cmd, step.env)
         elif step.kind == "python":
             rc = self.run([py, *(self.expand(a) for a in step.args)], step.env)
         elif step.kind == "extract":
