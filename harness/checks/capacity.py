@@ -104,12 +104,18 @@ def preflight_config(cfg: EngineConfig) -> None:
 
 @dataclass(frozen=True)
 class KvPool:
-    """The KV pool an engine decided on, from the ledger it reported at start."""
+    """The KV pool an engine decided on, from the ledger it reported at start.
+
+    ``num_blocks`` is the pool's (the ledger's) block count; ``device_blocks`` how many blocks
+    the KV cache tensors the device allocated really hold (``KvSnapshot.device_blocks``),
+    None where the engine's ledger does not read them.
+    """
 
     num_blocks: int
     block_size: int
     pad_blocks: int
     source: str
+    device_blocks: int | None = None
 
     @classmethod
     def from_engine_info(cls, info: dict[str, Any]) -> KvPool | None:
@@ -117,9 +123,11 @@ class KvPool:
         n, size = info.get("kv_num_blocks"), info.get("kv_block_size")
         if not n or not size:
             return None
+        device = info.get("kv_device_blocks")
         return cls(num_blocks=int(n), block_size=int(size),
                    pad_blocks=int(info.get("kv_pad_blocks", PAD_BLOCKS)),
-                   source=str(info.get("kv_source")))
+                   source=str(info.get("kv_source")),
+                   device_blocks=None if device is None else int(device))
 
 
 def check_pool_serves_full_batch(need: BlockNeed, num_blocks: int) -> Verdict:
@@ -132,6 +140,36 @@ def check_pool_serves_full_batch(need: BlockNeed, num_blocks: int) -> Verdict:
     if short is not None:
         return Verdict.failed(CAPACITY, f"KV cache too small for a full batch: {short}")
     return Verdict.passed(CAPACITY, f"{num_blocks} blocks >= {need.full_batch} for a full batch")
+
+
+def _held_shortfall(need: BlockNeed, num_blocks: int, holder: str) -> str | None:
+    """Why ``num_blocks`` held by ``holder`` cannot serve ``need``'s full batch, or None."""
+    if num_blocks < need.one_request:
+        return (f"KV cache too small: {holder} {num_blocks} blocks, which cannot serve one"
+                f" full-length request: {need.explain()} = {need.one_request} blocks")
+    short = full_batch_shortfall(need, num_blocks)
+    if short is None:
+        return None
+    return f"KV cache too small for a full batch: {holder} {num_blocks} blocks; {short}"
+
+
+def check_engine_serves_full_batch(need: BlockNeed, pool: KvPool) -> Verdict:
+    """The blocks the engine really holds serve a full batch without preemption: the KV cache
+    the device allocated (``pool.device_blocks``: its tensors' block count) and the pool the
+    scheduler hands blocks out of (``pool.num_blocks``), each against ``need``; the device
+    first, since a pool larger than it hands out blocks that do not exist. Where the ledger
+    does not read the device's cache the pool alone is judged, and the verdict says so."""
+    held = [("the device allocated", pool.device_blocks), ("the scheduler's pool has",
+                                                           pool.num_blocks)]
+    for holder, n in held:
+        if n is not None and (why := _held_shortfall(need, n, holder)) is not None:
+            return Verdict.failed(CAPACITY, why)
+    if pool.device_blocks is None:
+        return Verdict.passed(CAPACITY, f"the pool's {pool.num_blocks} blocks >="
+                              f" {need.full_batch} for a full batch (the device's KV cache is"
+                              f" not read on this engine: {pool.source})")
+    return Verdict.passed(CAPACITY, f"the device's {pool.device_blocks} blocks and the pool's"
+                          f" {pool.num_blocks} >= {need.full_batch} for a full batch")
 
 
 def check_capacity(cfg: EngineConfig, info: dict[str, Any]) -> None:

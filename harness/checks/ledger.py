@@ -18,13 +18,17 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
+from harness.checks.admission import admission_details, admission_violations
 from harness.checks.block_timing import check_freed_on_finish
+from harness.checks.device_blocks import check_device_counts, check_device_ids
 from harness.checks.promises import (
     check_idle_promises,
     check_promises,
     check_runner_lag,
     check_runner_table,
+    promise_violations,
 )
+from harness.checks.tkv import tkv_violations
 from harness.core.trace import KvSnapshot, StepRecord, Trace, is_dummy_id
 from harness.core.verdict import KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict, Violation
 from harness.render.ledger_table import format_step_table
@@ -297,6 +301,7 @@ def check_idle_all_free(s: KvSnapshot) -> list[Violation]:
 
 STEP_CHECKS = (
     check_conservation,
+    check_device_ids,
     check_pad_never_owned,
     check_no_double_free,
     check_free_counter,
@@ -355,17 +360,25 @@ def ledger_violations(trace: Trace) -> list[Violation]:
 
     Per-step invariants on every snapshot of ``trace.ledger_steps()``; the idle
     invariant at ``trace.idle_steps()``; the dummy-return rule on the engine steps; block
-    timing (``harness.checks.block_timing``) on the steps where requests finished.
-    Sorted by step (stable within a step).
+    timing (``harness.checks.block_timing``) on the steps where requests finished; exact
+    promises (``harness.checks.promises``) and admission by blocks
+    (``harness.checks.admission``, first within its step) and the batch TKV limit
+    (``harness.checks.tkv``) where the trace records what they need. Sorted by step (stable
+    within a step).
     """
     idle = trace.idle_steps()
-    out: list[Violation] = []
+    # Admission by blocks first within a step: an overcommit is the cause of the promises
+    # that step finds beyond the free blocks.
+    out: list[Violation] = admission_violations(trace)
     for record in trace.ledger_steps():
         for s in record.kv:
             out.extend(check_step(s, record.step))
     out.extend(check_dummy_returned(trace.steps))
     out.extend(check_runner_lag(trace.ledger_steps()))
+    out.extend(check_device_counts(trace.ledger_steps()))  # once where it appears, not per step
     out.extend(check_freed_on_finish(trace.ledger_steps(), idle))
+    out.extend(promise_violations(trace))  # exact promises (sendnn-inference 2.x)
+    out.extend(tkv_violations(trace))  # the batch TKV limit, exactly (harness.checks.tkv)
     for record in trace.ledger_steps():
         if record.step in idle:
             for s in record.kv:
@@ -410,7 +423,7 @@ def check_ledger(trace: Trace) -> Verdict:
     at = first.step if first.step is not None else -1
     details = "\n".join(
         [why, format_step_table(trace.ledger_steps(), at), *_violation_lines(violations),
-         *([reads] if reads else [])]
+         *admission_details(trace, violations), *([reads] if reads else [])]
     )
     return Verdict.failed(f"{KV_LEDGER}.{first.invariant}", why, at=at, details=details)
 

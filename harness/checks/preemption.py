@@ -175,6 +175,22 @@ def check_no_preemption(trace: Trace) -> Verdict:
     return Verdict.failed(NO_PREEMPTION, why, at=at, details=details)
 
 
+def check_no_recompute(trace: Trace) -> Verdict:
+    """No request was preempted and recomputed; pauses (blocks kept, the batch left) are the
+    scheduler's answer to a binding batch TKV limit, not a recompute, and pass here (their
+    timing is the TKV checks')."""
+    count = count_preemptions(trace)
+    if count.missing():
+        return _unrecorded(count)
+    if not replace(count, paused={}).any():
+        paused = f" ({len(count.paused)} steps paused requests)" if count.paused else ""
+        return Verdict.passed(NO_PREEMPTION, f"no signal saw a preemption{paused}")
+    why = f"recompute: requests were preempted and recomputed: {count.describe()}"
+    at = min(count.per_step) if count.per_step else None
+    details = why if at is None else why + "\n" + format_step_table(trace.steps, at)
+    return Verdict.failed(NO_PREEMPTION, why, at=at, details=details)
+
+
 def check_preemption_seen(trace: Trace) -> Verdict:
     """Every signal saw a preemption (negative controls: the detectors are not blind)."""
     count = count_preemptions(trace)

@@ -61,6 +61,14 @@ def snapshot_from_dict(d: Mapping[str, Any]) -> KvSnapshot:
         promised_total=_opt_int(d.get("promised_total")),
         runner_blocks=None if d.get("runner_blocks") is None
         else {str(k): [int(b) for b in v] for k, v in d["runner_blocks"].items()},
+        device_blocks=_opt_int(d.get("device_blocks")),
+        pausing=None if d.get("pausing") is None else bool(d["pausing"]),
+        chunk_size=_opt_int(d.get("chunk_size")),
+        predicted_tkv=_opt_int(d.get("predicted_tkv")),
+        predicted_batch=None if d.get("predicted_batch") is None
+        else [str(r) for r in d["predicted_batch"]],
+        runner_cached=None if d.get("runner_cached") is None
+        else {str(k): int(v) for k, v in d["runner_cached"].items()},
         free_taken=_opt_ints(d.get("free_taken")),
         free_returned=_opt_ints(d.get("free_returned")),
     )
@@ -94,7 +102,14 @@ def step_from_dict(d: Mapping[str, Any]) -> StepRecord:
         tkv=_opt_int(d.get("tkv")),
         kv=[snapshot_from_dict(k) for k in d.get("kv", [])],
         executed={str(k): int(v) for k, v in d.get("executed", {}).items()},
+        arrived=_opt_ids(d.get("arrived")),
+        prefilled=_opt_ids(d.get("prefilled")),
+        prefilling=_opt_ids(d.get("prefilling")),
     )
+
+
+def _opt_ids(values: Any) -> list[str] | None:
+    return None if values is None else [str(r) for r in values]
 
 
 def request_to_dict(r: RequestTrace) -> dict[str, Any]:
@@ -114,6 +129,8 @@ def request_to_dict(r: RequestTrace) -> dict[str, Any]:
         "num_preemptions": r.num_preemptions,
         "finish_reason": r.finish_reason,
         "num_cached_tokens": r.num_cached_tokens,
+        # only where recorded: the reference cache's entries keep their shape
+        **({} if r.max_tokens is None else {"max_tokens": r.max_tokens}),
     }
 
 
@@ -134,6 +151,7 @@ def request_from_dict(d: Mapping[str, Any]) -> RequestTrace:
         num_preemptions=int(d.get("num_preemptions", 0)),
         finish_reason=d.get("finish_reason"),
         num_cached_tokens=int(d.get("num_cached_tokens", 0)),
+        max_tokens=_opt_int(d.get("max_tokens")),
     )
 
 

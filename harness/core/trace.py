@@ -68,6 +68,9 @@ class RequestTrace:
     # Prompt tokens served from the prefix cache at admission (vLLM's num_cached_tokens):
     # the executor never runs them.
     num_cached_tokens: int = 0
+    # The max_tokens the request was sent with (step-driven runs record it); None where the
+    # trace does not say, and the checks that need it say nothing.
+    max_tokens: int | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -131,6 +134,22 @@ class KvSnapshot:
     # The runner's block table per request it holds (its own copy, pad blocks left out),
     # read beside the pool it should agree with; None where the runner keeps no table.
     runner_blocks: dict[str, list[int]] | None = None
+    # How many blocks the device's KV cache really holds: the first (block) dimension of the
+    # tensors the model runner allocated, read from their shape; None where unreadable. Every
+    # block id the pool hands out must exist there (harness.checks.device_blocks).
+    device_blocks: int | None = None
+    # sendnn-inference 2.x, read from its scheduler (harness.checks.tkv): whether it pauses
+    # decoding requests to keep the batch TKV limit (the limit itself is in Trace.info), and
+    # its prefill chunk in tokens; None where the stack has neither.
+    pausing: bool | None = None
+    chunk_size: int | None = None
+    # The TKV the scheduler predicts for its next decode step if the requests decoding now
+    # (``predicted_batch``) decode together; None where it predicts none.
+    predicted_tkv: int | None = None
+    predicted_batch: list[str] | None = None
+    # Per request the runner holds: the prompt tokens it takes from the prefix cache (it
+    # computes the rest); None where the runner does not say (harness.checks.prefix_reuse).
+    runner_cached: dict[str, int] | None = None
     # Set by a delta probe (harness.in_engine.probe_delta): blocks that left and joined the
     # free list since the previous snapshot; free_blocks stays empty (the host gives the
     # snapshot a delta_view, harness.core.kv_delta) and ref_counts holds only the blocks owned
@@ -202,6 +221,12 @@ class StepRecord:
     # Tokens the model executor was given per request in this step (read at the executor,
     # not from the scheduler's preemption bookkeeping): a recompute shows as tokens run twice.
     executed: dict[str, int] = field(default_factory=dict)
+    # What admission saw (None: not recorded, and the admission checks say nothing): the
+    # requests added just before this step, those whose prompt tokens this step scheduled
+    # (a prefill step), and those admitted whose prompt is not all computed after it.
+    arrived: list[str] | None = None
+    prefilled: list[str] | None = None
+    prefilling: list[str] | None = None
 
     def ledger(self) -> KvSnapshot | None:
         """The snapshot that holds the real blocks: the runner's where there is one

@@ -46,6 +46,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import IO, Any
 
+from harness.core.parent_death import die_with_parent
 from harness.engine.start_config import fork_parent_env
 from harness.targets import late_env_prefixes
 
@@ -155,7 +156,7 @@ class ForkServer:
             proc = subprocess.Popen(
                 [python, "-m", "harness.in_engine.fork_parent", address],
                 env={**env, **fork_parent_env(), "HIL_FORKSERVER_AUTHKEY": authkey.hex()},
-                cwd=cwd,
+                cwd=cwd, preexec_fn=die_with_parent(signal.SIGKILL),  # as its forked engines
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
             logf.close()
         else:
@@ -374,4 +375,5 @@ def spawn_engine(python: str, address: str, child_env: dict[str, str], cwd: str,
             log.warning("engine started as a fresh process: %s", e)
     return subprocess.Popen(
         [python, "-m", "harness.in_engine.process", address],
-        env=child_env, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, cwd=cwd)
+        env=child_env, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, cwd=cwd,
+        preexec_fn=die_with_parent(signal.SIGKILL))  # dies with pytest as a forked engine does

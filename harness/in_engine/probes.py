@@ -157,6 +157,30 @@ def snapshot_vllm_scheduler(scheduler: Any, tracker: DeltaTracker | None = None)
     return snap
 
 
+def vllm_runner_kv_blocks(runner: Any) -> int | None:
+    """How many blocks the KV cache of one of vLLM's own model runners (GPU, CPU) holds: per
+    layer tensor of ``runner.kv_caches``, its storage's bytes over a block's page size
+    (``kv_cache_config``), as vLLM itself sizes it; the smallest over the layers. Metadata
+    only, no data touched. None for a plugin's runner (its kind's probe module reads that),
+    before the cache exists, or for layouts this does not cover (page sizes that differ
+    between groups, blocks packed across layers, one cache across layers)."""
+    if runner is None or not type(runner).__module__.startswith("vllm."):
+        return None
+    try:
+        caches = list(runner.kv_caches)
+        config = runner.kv_cache_config
+        pages = {int(g.kv_cache_spec.page_size_bytes) for g in config.kv_cache_groups}
+        packed = any(getattr(t, "block_stride", 0) for t in config.kv_cache_tensors)
+        counts = [int(t.untyped_storage().nbytes()) for t in caches]
+    except (AttributeError, TypeError):
+        return None
+    if (not counts or len(pages) != 1 or packed
+            or getattr(runner, "cross_layers_kv_cache", None) is not None):
+        return None
+    (page,) = pages
+    return min(counts) // page if page > 0 else None
+
+
 def _model_runner(engine_core: Any) -> Any:
     executor = getattr(engine_core, "model_executor", None)
     worker = getattr(executor, "driver_worker", None)
@@ -184,11 +208,14 @@ def register_runner_reader(reader: RunnerReader) -> RunnerReader:
 def snapshot_engine(engine_core: Any, tracker: DeltaTracker | None = None) -> list[KvSnapshot]:
     """Snapshots of an in-process vLLM ``EngineCore``: the scheduler's, then what a registered
     reader finds in the plugin's scheduler and model runner
-    (``model_executor.driver_worker.worker.model_runner``). ``tracker`` (one per
+    (``model_executor.driver_worker.worker.model_runner``); where no reader claims the runner,
+    the block count of vLLM's own runner's KV cache on the scheduler's. ``tracker`` (one per
     step-driven run) lets large pools send deltas."""
     snaps = [snapshot_vllm_scheduler(engine_core.scheduler, tracker)]
     runner = _model_runner(engine_core)
     for reader in RUNNER_READERS:
         if reader(engine_core.scheduler, runner, snaps, tracker):
             break
+    else:  # vLLM's own runner: the KV cache its scheduler's pool indexes
+        snaps[0].device_blocks = vllm_runner_kv_blocks(runner)
     return snaps

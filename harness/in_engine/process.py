@@ -42,6 +42,10 @@ def _error(e: BaseException) -> tuple[str, dict[str, str]]:
     }
 
 
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def metric_values(llm: Any) -> dict[str, float]:
     """Counters and gauges from the engine's Prometheus metrics, by name."""
     values: dict[str, float] = {}
@@ -57,9 +61,11 @@ def metric_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
 
 
 def request_trace(
-    request_id: str, out: Any, fallback_prompt: list[int], num_preemptions: int = 0
+    request_id: str, out: Any, fallback_prompt: list[int], num_preemptions: int = 0,
+    max_tokens: int | None = None,
 ) -> RequestTrace:
-    """A vLLM RequestOutput as a RequestTrace (tokens with top-k logprobs)."""
+    """A vLLM RequestOutput as a RequestTrace (tokens with top-k logprobs); ``max_tokens`` the
+    request was sent with, where the caller records it."""
     comp = out.outputs[0]
     steps = []
     for pos, tid in enumerate(comp.token_ids):
@@ -73,7 +79,31 @@ def request_trace(
         num_preemptions=num_preemptions,
         finish_reason=comp.finish_reason,
         num_cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
+        max_tokens=max_tokens,
     )
+
+
+def prompt_progress(scheduler: Any) -> dict[str, tuple[int, int]] | None:
+    """(tokens computed, prompt tokens) of every request ``scheduler`` has, by its engine id;
+    None where its requests do not say."""
+    out: dict[str, tuple[int, int]] = {}
+    for rid, req in list(getattr(scheduler, "requests", {}).items()):
+        computed = getattr(req, "num_computed_tokens", None)
+        prompt = getattr(req, "num_prompt_tokens", None)
+        if computed is None or prompt is None:
+            return None
+        out[str(rid)] = (int(computed), int(prompt))
+    return out
+
+
+def prefill_ids(before: dict[str, tuple[int, int]] | None, scheduled: Any) -> list[str] | None:
+    """The engine ids among ``scheduled`` (a scheduler output's tokens per request) whose prompt
+    was not all computed before the step (``before``, from ``prompt_progress``): this step ran
+    their prompt tokens. None where ``before`` is unknown."""
+    if before is None:
+        return None
+    return sorted(str(r) for r, n in dict(scheduled or {}).items()
+                  if n and r in before and before[r][0] < before[r][1])
 
 
 def _answer(trace: Trace, compute_seconds: float,
@@ -134,6 +164,10 @@ class EngineSide:
             "block_size": vcfg.cache_config.block_size,
             "max_model_len": vcfg.model_config.max_model_len,
             "max_num_seqs": vcfg.scheduler_config.max_num_seqs,
+            # The batch TKV limit a plugin's scheduler admits and pauses by (Spyre's); None
+            # where it has none.
+            "max_batch_tkv_limit": _opt_int(getattr(self._engine_core().scheduler,
+                                                    "max_batch_tkv_limit", None)),
             # What the model computes in (torch.float32, torch.bfloat16): a target that asked
             # for a precision checks it got it (a silent fp32 fallback would pass its checks).
             "model_dtype": str(vcfg.model_config.dtype),
@@ -149,6 +183,8 @@ class EngineSide:
                 info["kv_num_blocks"] = real[-1].num_blocks
                 info["kv_block_size"] = real[-1].block_size
                 info["kv_pad_blocks"] = len(real[-1].pad_blocks)
+                # The blocks the device's KV cache really holds, where the ledger reads it.
+                info["kv_device_blocks"] = real[-1].device_blocks
         except Exception as e:  # the ledger is optional for serving; say why it is absent
             info["kv_error"] = repr(e)
         info.update(engine_info(self.config))  # the kind's own facts, by the name it sent
@@ -309,6 +345,10 @@ class EngineSide:
                     snap.promised = {scenario_id(k): v for k, v in snap.promised.items()}
                 if snap.runner_blocks is not None:
                     snap.runner_blocks = {scenario_id(k): v for k, v in snap.runner_blocks.items()}
+                if snap.predicted_batch is not None:
+                    snap.predicted_batch = [scenario_id(k) for k in snap.predicted_batch]
+                if snap.runner_cached is not None:
+                    snap.runner_cached = {scenario_id(k): v for k, v in snap.runner_cached.items()}
                 snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
             kind = "delta" if all(k.is_delta() for k in snaps) else "full"
             probe_cost[f"{kind}_reads"] += 1
@@ -316,6 +356,7 @@ class EngineSide:
             return snaps
 
         pending = sorted(payload["requests"], key=lambda r: int(r.get("arrival_step", 0)))
+        max_tokens = {str(r["request_id"]): int(r["max_tokens"]) for r in payload["requests"]}
         aborts = {str(r["request_id"]): int(r["abort_step"]) for r in payload["requests"]
                   if r.get("abort_step") is not None}
         internal: dict[str, str] = {}  # engine request id -> scenario request id
@@ -324,13 +365,17 @@ class EngineSide:
         self.drain()  # the initial snapshot must be an idle point
         before = metric_values(self.llm)
         compute0 = self.compute_seconds
-        initial = StepRecord(step=-1, tkv=getattr(runner, "tkv", None), kv=kv())
+        # an idle point: nothing arrived, nothing prefilled, no prefill under way
+        initial = StepRecord(step=-1, tkv=getattr(runner, "tkv", None), kv=kv(),
+                             arrived=[], prefilled=[], prefilling=[])
         executed.take()  # what the drain ran belongs to no step of this run
         steps: list[StepRecord] = []
         step = 0
         while pending or sched.has_requests():
+            arrived: list[str] = []
             while pending and int(pending[0].get("arrival_step", 0)) <= step:
                 r = pending.pop(0)
+                arrived.append(str(r["request_id"]))
                 params = SamplingParams(
                     temperature=0.0,
                     max_tokens=int(r["max_tokens"]),
@@ -348,6 +393,7 @@ class EngineSide:
             if aborted:
                 engine.abort_request(aborted)  # the client's ids; the engine maps its own
             n_sched = len(sched_outputs)
+            progress = prompt_progress(sched)  # what admission sees: prefills under way
             outs = engine.step() if sched.has_requests() else []
             so = sched_outputs[-1] if len(sched_outputs) > n_sched else None
             for rid, req in sched.requests.items():
@@ -375,6 +421,12 @@ class EngineSide:
                     tkv=getattr(runner, "tkv", None),
                     kv=kv(last=not (pending or sched.has_requests())),
                     executed={scenario_id(r): n for r, n in executed.take().items()},
+                    arrived=arrived,
+                    prefilled=None if progress is None else scenario_ids(
+                        prefill_ids(progress, getattr(so, "num_scheduled_tokens", None))),
+                    prefilling=None if progress is None else sorted(scenario_ids(
+                        r.request_id for r in sched.running
+                        if int(r.num_computed_tokens) < int(r.num_prompt_tokens))),
                 )
             )
             step += 1
@@ -389,7 +441,8 @@ class EngineSide:
                       idle_at_end=not sched.has_requests(), metrics=metric_delta(before, after))
         for rid, out in finals.items():
             sid = scenario_id(rid)
-            trace.requests[sid] = request_trace(sid, out, [], preemptions.get(sid, 0))
+            trace.requests[sid] = request_trace(sid, out, [], preemptions.get(sid, 0),
+                                                max_tokens.get(sid))
         return _answer(trace, self.compute_seconds - compute0, probe_cost if probe else None)
 
     def metrics(self, _payload: Any = None) -> dict[str, float]:

@@ -20,18 +20,16 @@ so tests that need it skip (or fail under --require-device) saying so.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from harness import targets
 from harness.core.config import ConfigError
 from harness.core.devices import InventoryDevice
+from harness.core.strict_files import FileFormatError, read_toml, read_yaml
 from harness.in_engine.faults import check_fault_specs
-from harness.lab.schemas import SchemaError, check, inventory_schema, read_utf8
+from harness.lab.schemas import SchemaError, check, inventory_schema
 from harness.targets.device_kind import DeviceKind
 
 HEALTH = ("ok", "broken", "maintenance")
@@ -66,22 +64,14 @@ def _present(kind: str, address: str | None, root: Path) -> tuple[bool, str]:
 
 
 def _parse(path: Path) -> tuple[dict[str, Any], str]:
+    """The inventory's document, read strictly (harness/core/strict_files.py: a key twice, a
+    byte-order mark, JSON for TOML are refused naming the line), and its syntax."""
     try:
-        text = read_utf8(path, "inventory file")
-    except SchemaError as e:
+        if path.suffix in (".yaml", ".yml"):
+            return (read_yaml(path, "inventory file") or {}), "yaml"
+        return read_toml(path, "inventory file"), "toml"
+    except FileFormatError as e:
         raise InventoryError(str(e)) from None
-    if path.suffix in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark
-            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
-            raise InventoryError(f"{path}: invalid YAML at {where}: {e.problem}") from None
-        return (data or {}), "yaml"
-    try:
-        return tomllib.loads(text), "toml"
-    except tomllib.TOMLDecodeError as e:
-        raise InventoryError(f"{path}: invalid TOML: {e}") from None
 
 
 # Variables the harness sets for every engine, whatever its kind (the kinds declare their own):

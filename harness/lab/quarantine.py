@@ -18,13 +18,16 @@ kernels a stack picks on such hosts); on other hosts it is not judged either.
 A test listed twice is refused (which reason holds?). An entry that matches no collected test
 (its test was renamed, or it never matched) is a warning, and refused under
 --strict-quarantine; ``judge_quarantine`` says which entries it can judge in a run narrowed by
--m, -k, --shard, --target, --model or by the suite files named (see its doc).
+-m, -k, --shard, --target, --model or by the suite files named (see its doc). Entries are
+judged against the whole suite, not the selection: the tests -m, -k and --shard deselect count,
+and a file named with node ids (``FILE::test``) counts with all its tests. An entry that
+matches every test of the suite (``*``, ``suites/*``...) is refused: it would hide every
+failure (``matches_every_test``).
 """
 
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +35,8 @@ from typing import Any
 
 import pytest
 
-from harness.lab.schemas import QUARANTINE_SCHEMA, check, read_utf8
+from harness.core.strict_files import read_toml
+from harness.lab.schemas import QUARANTINE_SCHEMA, check
 
 
 @dataclass(frozen=True)
@@ -93,11 +97,9 @@ def load_quarantine(path: Path, required: bool = False,
         return []
     if path.is_dir():
         raise ValueError(f"--quarantine: {path} is a folder; pass a TOML file of [[known]] entries")
-    text = read_utf8(path, "quarantine file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: invalid TOML: {e}") from None
+    # Strictly (harness/core/strict_files.py): a key twice, a byte-order mark or JSON is
+    # refused naming the line (FileFormatError, a ValueError).
+    data = read_toml(path, "quarantine file")
     check(data, QUARANTINE_SCHEMA, str(path), item_names={"known": "test"})
     names = None if stacks is None else sorted(stacks)
     known: list[KnownFailure] = []
@@ -257,3 +259,47 @@ def judge_quarantine(known: Iterable[KnownFailure], collected: Sequence[tuple[st
             else:
                 out.unmatched.append((k, f"no test of {file} matches it"))
     return out
+
+
+# ------------------------------------------------------------------ entries that match everything
+
+# Stands for a parameter id or a test name no entry can name literally: only a wildcard
+# matches it.
+_UNNAMED = "\x00"
+
+
+def _ids_unnamed(nodeid: str, holes: Sequence[str]) -> str:
+    """``nodeid`` with its target variant and model ids (``holes``) replaced by ``_UNNAMED``:
+    the same test on a target or model an entry does not name."""
+    return "".join(_UNNAMED if t is _STAR else str(t) for t in _generalized(nodeid, holes))
+
+
+def matches_every_test(k: KnownFailure, collected: Sequence[tuple[str, Sequence[str]]],
+                       suite_files: Iterable[str] = ()) -> bool:
+    """Whether entry ``k`` matches every test of the suite: each of ``collected`` ((node id,
+    its variant and model ids)), also on every other target variant and model, and any test
+    of the suite's other files ``suite_files`` (file parts of node ids) this run did not
+    collect. False when nothing was collected, and for an entry without a wildcard: it names
+    one test."""
+    if not collected or ("*" not in k.test and "?" not in k.test):
+        return False
+    for nodeid, holes in collected:
+        if not (k.matches(nodeid) and k.matches(_ids_unnamed(nodeid, holes))):
+            return False
+    files = {n.partition("::")[0] for n, _ in collected}
+    return all(k.matches(f"{f}::{_UNNAMED}") for f in suite_files if f not in files)
+
+
+def everything_refusal(entries: Iterable[KnownFailure],
+                       collected: Sequence[tuple[str, Sequence[str]]],
+                       suite_files: Iterable[str] = ()) -> str | None:
+    """The refusal of the first entry that matches every test of the suite
+    (``matches_every_test``), or None."""
+    files = list(suite_files)
+    for k in entries:
+        if matches_every_test(k, collected, files):
+            return (f"{k.where or 'quarantine'} ({k.test!r}) matches every test of the suite"
+                    f" (the {len(collected)} tests of the files collected here, on every target"
+                    " and model): a quarantine of everything reports every failure as known;"
+                    " name the tests it holds for (a file, a test, its parameter ids)")
+    return None

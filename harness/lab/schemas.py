@@ -49,6 +49,13 @@ INVENTORY_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        # A lab's own geometries ([geometry.NAME] in TOML), each checked key by key by
+        # harness.geometry.catalog.parse_geometry when --geometry reads them.
+        "geometry": {
+            "type": "object",
+            "propertyNames": {"pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"},
+            "additionalProperties": {"type": "object"},
+        },
     },
 }
 

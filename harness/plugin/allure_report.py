@@ -37,6 +37,7 @@ from harness.checks.distribution import compare_distributions
 from harness.checks.logprobs import compare_logprobs
 from harness.core.serialise import snapshot_to_dict
 from harness.core.verdict import VerdictFailed
+from harness.plugin import geometries
 from harness.plugin.activation import is_active
 from harness.plugin.faults_declared import run_faults
 from harness.plugin.invocation import is_worker
@@ -113,6 +114,7 @@ def _write_config(config: pytest.Config) -> None:
             args=" ".join(config.invocation_params.args),
             stack=str(option_value(config, "--stack", "default") or "default"),
             shard=shard_with_plan(config),
+            geometries="; ".join(g.describe() for g in geometries.selected(config)),
         )
         write_run_config(Path(config.option.allure_report_dir), run)
     except Exception as e:  # noqa: BLE001 - the run's verdict must not depend on its report

@@ -25,9 +25,9 @@ def check_faults(config: pytest.Config) -> None:
     """Refuse a ``HIL_FAULTS`` the run inherited, and every ``--inject-fault`` spec that would
     not install as written (``check_fault_spec``): a fault is installed only when the run
     asks for it, and only where it asked."""
-    check_no_ambient_faults()
-    note_run_start(config)
     allow_external = bool(option_value(config, "--allow-external-faults"))
+    adopt_ambient_faults(config, allow_external)
+    note_run_start(config)
     # Engines install the faults and inherit this; only the option may allow outside code.
     if allow_external:
         os.environ[ALLOW_EXTERNAL_ENV] = "1"
@@ -42,19 +42,34 @@ def check_faults(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--inject-fault: {e}") from None
 
 
-def check_no_ambient_faults() -> None:
+def check_no_ambient_faults(allowed_by: str = "") -> None:
     """Refuse a ``HIL_FAULTS`` in this run's environment: every engine would install it while
     no report names it, so its failures would read as the stack's own bugs. The run's faults
     come from ``--inject-fault`` and an inventory device's ``env.HIL_FAULTS`` (which reaches
-    only that device's engines); ``hil selftest`` and ``hil triage`` pass theirs as options."""
+    only that device's engines); ``hil selftest`` and ``hil triage`` pass theirs as options.
+    ``allowed_by``: the option of this command that declares them instead (named as a fix)."""
     value = os.environ.get(FAULTS_ENV, "")
     if not value.strip():
         return
     options = " ".join(f"--inject-fault '{s}'" for s in env_fault_specs(value))
+    also = f", or add {allowed_by} to declare it for this run" if allowed_by else ""
     raise pytest.UsageError(
         f"env {FAULTS_ENV}={value!r}: a fault from the environment would be installed in every"
-        f" engine of this run and named in no report; pass it as {options or '--inject-fault'},"
-        f" or unset {FAULTS_ENV}")
+        f" engine of this run and named in no report; pass it as {options or '--inject-fault'}"
+        f"{also}, or unset {FAULTS_ENV}")
+
+
+def adopt_ambient_faults(config: pytest.Config, allowed: bool) -> None:
+    """An inherited ``HIL_FAULTS``: refused, or with ``--allow-external-faults`` declared as
+    this run's ``--inject-fault`` specs (checked, named in the header, summary, Allure and
+    every failure as those are) and taken out of the environment, so that no engine installs
+    it a second time, unnamed."""
+    if not allowed:
+        check_no_ambient_faults("--allow-external-faults")
+        return
+    specs = env_fault_specs(os.environ.pop(FAULTS_ENV, ""))
+    if specs:
+        config.option.inject_fault = [*(config.option.inject_fault or []), *specs]
 
 
 def export_engine_env(config: pytest.Config) -> None:

@@ -12,6 +12,7 @@ import pytest
 from harness.core.comparison import NearTiePolicy
 from harness.core.devices import device_root
 from harness.engine.order import save_record
+from harness.geometry.catalog import Geometry
 from harness.lab.inventory import discover_inventory, load_inventory
 from harness.lab.lease_files import LeaseDirError
 from harness.lab.leases import LeaseManager, LeaseUnavailable
@@ -153,3 +154,21 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
         env.update(target_cls.allow_emulated_env())
         request.node.user_properties.append(("emulated", emulated))
     return variant.on_device(lease.device.id, env)
+
+
+@pytest.fixture
+def geometry(request: pytest.FixtureRequest, hil: HilSession) -> Geometry:
+    """The named engine geometry under test (parametrized by --geometry); skips where the
+    target variant's kind cannot run in it, quoting the kind's reason."""
+    g: Geometry = request.param
+    callspec = getattr(request.node, "callspec", None)
+    model = callspec.params.get("model") if callspec is not None else None
+    if g.models and model is not None and model not in g.models:
+        pytest.skip(f"geometry {g.name!r} ({g.source}) is for models {', '.join(g.models)},"
+                    f" not {model}")
+    if "target_variant" in request.fixturenames:
+        variant: TargetVariant = request.getfixturevalue("target_variant")
+        problem = kind(variant.target).geometry_problem(variant, g, hil.opts.stack)
+        if problem:
+            pytest.skip(problem)
+    return g

@@ -17,6 +17,7 @@ from harness.plugin import (
     allure_report,
     engine_setup,
     faults_declared,
+    geometries,
     ordering,
     outputs,
     selection,
@@ -45,6 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     selection.register_markers(config)
     selection.check_targets(config)
     selection.check_models(config)
+    geometries.check_geometries(config, selection.model_values(config))
     engine_setup.check_faults(config)
     engine_setup.export_engine_env(config)
     engine_setup.check_stack(config)
@@ -109,6 +111,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if is_active(metafunc.config):
         selection.parametrize(metafunc)
+        geometries.parametrize(metafunc)
 
 
 # Last, so that the shards are planned over what -m and -k left.
@@ -117,6 +120,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                    items: list[pytest.Item]) -> None:
     if not is_active(config):
         return
+    geometries.keep_selected(config, items)  # the tests in the selected geometries
+    for item in items:
+        geometries.record(item)
     # What -m and -k left, without the tests of a suite the stack lacks; none left is refused.
     stack_variants.drop_emptied(config, items)
     stack_variants.refuse_empty_stack(session, config, items)

@@ -46,8 +46,12 @@ from harness.core.settings import (
 )
 from harness.engine.host import CALL_TIMEOUT, START_TIMEOUT
 from harness.engine.pool import MAX_LIVE_ENGINES
+from harness.geometry.catalog import DEFAULT_GEOMETRY
 from harness.lab.lease_files import default_lease_dir
+from harness.plugin.invocation import is_worker, writes_nothing
+from harness.plugin.option_needs import PYTEST_NEEDS, on_command_line, refusal, unmet
 from harness.stacks.host import default_stack
+from harness.staging.run_folder import lock_holder
 from harness.targets import all_modes, engine_kinds, near_tie_tolerances, start_timeouts
 from harness.targets.variants import VARIANTS
 from harness.triage.budget import TRIAGE_BUDGET, TRIAGE_MAX
@@ -166,6 +170,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--target", opts_in=False, default="",
            help=f"comma-separated target variants or kinds ({', '.join(VARIANTS)}; or"
            f" {', '.join([*engine_kinds(), *all_modes()])}); default all; env HIL_TARGET"),
+    Option("--geometry", default="",
+           help="comma-separated named engine geometries"
+           " (fixtures/geometries.toml, and an inventory's [geometry.NAME]): the suites that take one run on each that applies to them; the"
+           f" others run where {DEFAULT_GEOMETRY!r} is selected; default {DEFAULT_GEOMETRY};"
+           " env HIL_GEOMETRY"),
     Option("--require-device", action="store_true", default=False,
            help="fail, instead of skip, a test whose device is missing (nightlies)"),
     Option("--allow-emulated-card", action="store_true", default=False,
@@ -197,10 +206,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--inject-fault", action="append", default=list, metavar="FAULT[:k=v,...]",
            help="install a fault (harness/in_engine/faults/) in every engine (variant=ID or"
            " stack=NAME: only in those), to prove the checks fail; repeatable. A HIL_FAULTS in"
-           " the environment is refused: faults are named by this option or an inventory"),
+           " the environment is refused (unless --allow-external-faults declares it): faults"
+           " are named by this option or an inventory"),
     Option("--allow-external-faults", action="store_true", default=False,
-           help="allow --inject-fault and an inventory's HIL_FAULTS to name a"
-           " module.function outside harness/in_engine/faults/ (it is imported and run)"),
+           help="declare an inherited HIL_FAULTS as this run's --inject-fault specs, and"
+           " allow --inject-fault and an inventory's HIL_FAULTS to name a module.function"
+           " outside harness/in_engine/faults/ (it is imported and run)"),
     Option("--hil-clean-results", action="store_true", default=False,
            help="empty --alluredir once the arguments are accepted, so a refused run keeps"
            " the previous results (hil run needs none: it writes each run into a fresh folder)"),
@@ -314,9 +325,11 @@ def option_value(config: pytest.Config, name: str, default: Any = _NOTSET) -> An
 def check_settings(config: pytest.Config) -> None:
     """Refuse a run whose settings are bad, before anything else is checked or cleaned: an
     option's variable its type refused (when the command line does not replace it), a set
-    ``HIL_*`` variable of no option that its type refuses, and a path option that does not
-    name what it must (a folder the run can write in...). A --help or --version run is not
-    refused: it reads no setting."""
+    ``HIL_*`` variable of no option that its type refuses, a path option that does not
+    name what it must (a folder the run can write in...), an option given without the one it
+    only means something beside (``check_needs``), and a reports folder a ``hil`` command
+    holds (``check_reports_free``). A --help or --version run is not refused: it reads no
+    setting."""
     if config.getoption("help", False) or config.getoption("version", False):
         return
     for opt in OPTIONS:
@@ -335,6 +348,45 @@ def check_settings(config: pytest.Config) -> None:
             parse(opt.value_type, value, opt.name, variable)
         except SettingError as e:
             raise pytest.UsageError(str(e)) from None
+    check_needs(config)
+    check_reports_free(config)
+
+
+def _variable_that_gave(opt: Option, args: list[str]) -> str | None:
+    """The variable that gave ``opt`` its value: its own, when set and the command line
+    does not give the option; else None."""
+    if not opt.env or not os.environ.get(opt.env, "").strip():
+        return None
+    return None if on_command_line(opt.name, args) else opt.env
+
+
+def check_needs(config: pytest.Config) -> None:
+    """Refuse an option given without the option it only means something beside
+    (option_needs.PYTEST_NEEDS), naming both, and the variable when it gave the value."""
+    values: dict[str, Any] = {o.name: config.getoption(o.name, None) for o in OPTIONS}
+    values["--alluredir"] = getattr(getattr(config, "option", None), "allure_report_dir", None)
+    defaults = {n.option: BY_NAME[n.option].declared_default() for n in PYTEST_NEEDS}
+    invocation = getattr(config, "invocation_params", None)
+    args = [str(a) for a in getattr(invocation, "args", ())]
+    for need in unmet(PYTEST_NEEDS, values, defaults):
+        variable = _variable_that_gave(BY_NAME[need.option], args)
+        raise pytest.UsageError(refusal(need, values, variable))
+
+
+def check_reports_free(config: pytest.Config) -> None:
+    """Refuse a run into a reports folder that a ``hil`` command (``hil run``, ``hil
+    nightly``, ``hil report``) holds: its results would be mixed into that command's. The same
+    kernel lock the commands take (harness/staging/run_folder.py), only looked at: a run that
+    writes nothing, or an xdist worker (its controller looked), does not look."""
+    reports = config.getoption("--hil-reports-dir", None)
+    if not isinstance(reports, str) or not reports or is_worker(config):
+        return
+    holder = lock_holder(Path(reports))
+    if holder and not writes_nothing(config):
+        raise pytest.UsageError(
+            f"--hil-reports-dir {reports}: in use by {holder}; a run into it would mix its"
+            " results into that command's: wait for it to finish, or pass another"
+            " --hil-reports-dir")
 
 
 def add_cli_option(parser: argparse.ArgumentParser, name: str, flag: str | None = None,
@@ -352,7 +404,11 @@ def add_cli_option(parser: argparse.ArgumentParser, name: str, flag: str | None 
     for key, value in (("type", kind), ("action", opt.action), ("metavar", opt.metavar)):
         if value is not None:
             attrs[key] = value
-    parser.add_argument(flag or name, **attrs)
+    action = parser.add_argument(flag or name, **attrs)
+    # What the command's dependency check needs (option_needs): the value it has when
+    # nothing gives it, and the variable that may give it.
+    action.hil_declared_default = opt.declared_default() if default is None else default
+    action.hil_env = opt.env
 
 
 def cli_type(kind: str, option: str) -> Callable[[str], Any]:

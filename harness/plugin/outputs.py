@@ -6,7 +6,8 @@ run refused at configure or at collection (a bad argument, a stale quarantine en
 ``hil run`` gives pytest a fresh folder of its own, so it passes no --hil-clean-results; a
 direct pytest run with it empties its --alluredir as before.
 
-And SIGTERM: in the main pytest process (not an xdist worker) it ends the session as a Ctrl-C
+And SIGTERM and SIGHUP (a closed terminal; also the signal a pytest started by ``hil`` gets when
+``hil`` dies): in the main pytest process (not an xdist worker) each ends the session as a Ctrl-C
 does, so a stopped run writes its junit, results and summary and stops its engines."""
 
 from __future__ import annotations
@@ -77,16 +78,28 @@ def write_timing(config: pytest.Config) -> None:
     (out / "timing.json").write_text(json.dumps(_TIMES))
 
 
+# Ended as a Ctrl-C: SIGHUP as SIGTERM, so a closed terminal keeps what the run recorded.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def _sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+    name = signal.Signals(signum).name
+    if signum == signal.SIGHUP:
+        # Writes to a hung-up terminal fail; the session's end must not fail with them.
+        from harness.staging.interrupt import quiet_hung_up_terminal
+
+        quiet_hung_up_terminal()
+    raise KeyboardInterrupt(f"signal {signum} ({name})")
 
 
 def end_on_sigterm(config: pytest.Config) -> None:
-    """SIGTERM raises KeyboardInterrupt in the main process while the session runs (only where
-    nothing else handles SIGTERM); the previous handler comes back when the session ends."""
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main process while the session runs
+    (each only where nothing else handles it); the default handler comes back when the session
+    ends."""
     if is_worker(config) or threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-    signal.signal(signal.SIGTERM, _sigterm)
-    config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_DFL:
+            continue
+        signal.signal(sig, _sigterm)
+        config.add_cleanup(lambda sig=sig: signal.signal(sig, signal.SIG_DFL))

@@ -26,6 +26,8 @@ MARKERS = {
                  " (harness/targets/declarations.py CAPABILITIES)",
     "hil_controls": "hil_controls(capability, ...): run as well the opt-in controls that switch"
                     " one off (where --target names them)",
+    "hil_lacks": "hil_lacks(capability, ...): run only on the variants that have none of them"
+                 " (a test of what the others are held to more strictly elsewhere)",
     "hil_first_model": "run only on the first model of --model (a control whose cost is engine starts)",
     "nightly": "in the nightly selection (hil nightly)",
     "slow": "end to end: starts engines or child pytests (deselect with -m 'not slow')",
@@ -102,7 +104,8 @@ def _capabilities(metafunc: pytest.Metafunc, marker: str) -> frozenset[str]:
 
 def parametrize(metafunc: pytest.Metafunc) -> None:
     """Parametrize ``model`` over --model and ``target_variant`` over --target (each test's
-    ``hil_first_model``, ``hil_targets`` and ``hil_needs`` / ``hil_controls`` markers narrowing
+    ``hil_first_model``, ``hil_targets`` and ``hil_needs`` / ``hil_controls`` / ``hil_lacks``
+    markers narrowing
     them); the variants the run's stack lacks are left out (``stack_variants.offered``)."""
     config = metafunc.config
     if "model" in metafunc.fixturenames:
@@ -119,6 +122,8 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
             variants = [v for v in variants if v.id in allowed]
         needs, controls = _capabilities(metafunc, "hil_needs"), _capabilities(metafunc, "hil_controls")
         variants = [v for v in variants if v.admitted(needs, controls)]
+        lacks = _capabilities(metafunc, "hil_lacks")
+        variants = [v for v in variants if not any(v.has(c) for c in lacks)]
         # A variant for some suites only (vllm-cpu-bf16: token equality) runs where the test
         # carries one of their markers.
         variants = [v for v in variants if not v.suites

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.checks.admission import HOLD_BACK, OVERCOMMIT
 from harness.checks.distribution import DISTRIBUTION_DISTANCE, DISTRIBUTION_UNRECORDED
+from harness.checks.prefix_reuse import PREFIX_REUSE
+from harness.checks.tkv import TKV_INVARIANTS
 from harness.core import verdict as checks
 from harness.targets import capacity_refusals, device_kinds
 
@@ -74,8 +77,13 @@ def _device_labels() -> str:
     return "|".join(re.escape(d.label) for d in device_kinds().values() if d.leased)
 
 # Exact check names that belong to another category than their family's.
+# The KV-ledger checks of how the scheduler admits, holds back, pauses and serves from its
+# prefix cache: nothing leaks, but a limit (free blocks, promises, the batch TKV) is misjudged.
+SCHEDULING_CHECKS = (*(f"{checks.KV_LEDGER}.{name}" for name in (*TKV_INVARIANTS, OVERCOMMIT,
+                                                                 HOLD_BACK)), PREFIX_REUSE)
 _EXACT_CHECKS = frozenset({checks.KV_LEDGER_UNRECORDED, checks.PREEMPTION_UNRECORDED,
-                           checks.SELF_CONSISTENCY_UNRECORDED, DISTRIBUTION_UNRECORDED})
+                           checks.SELF_CONSISTENCY_UNRECORDED, DISTRIBUTION_UNRECORDED,
+                           *SCHEDULING_CHECKS})
 
 CATEGORIES: tuple[Category, ...] = (
     Category(
@@ -120,8 +128,16 @@ CATEGORIES: tuple[Category, ...] = (
         checks=(checks.INHERITED_STATE,),
     ),
     Category(
+        "scheduling",
+        "the scheduler misjudged its own limits: it admitted a request the free blocks could"
+        " not hold, held back or paused one it had room for, broke the batch TKV limit or"
+        " mispredicted its TKV, or its prefix cache did not serve (or report) what it holds",
+        checks=SCHEDULING_CHECKS,
+    ),
+    Category(
         "block leak",
-        "a KV-ledger invariant broke: blocks leaked, double-owned or not returned",
+        "a KV-ledger invariant broke: blocks leaked, double-owned, not returned, promised"
+        " wrongly, or the scheduler's pool and the device's KV cache disagree",
         families=(checks.KV_LEDGER, checks.DUMMY_PADDING),
     ),
     Category(

@@ -51,7 +51,7 @@ def _variant_fields(variant: Any) -> dict[str, str]:
 
 
 def _shape(params: dict[str, Any]) -> str:
-    skip = {"target_variant", "model"}
+    skip = {"target_variant", "model", "geometry"}
     return ", ".join(f"{k}={v}" for k, v in params.items() if k not in skip)
 
 
@@ -90,6 +90,12 @@ def static_params(params: dict[str, Any]) -> list[ReportParam]:
         # history id is computed from the original object, so it is unchanged.
         out.append(ReportParam("target_variant", str(getattr(variant, "id", variant)), False))
         out += [ReportParam(k, v) for k, v in _variant_fields(variant).items()]
+    geometry = params.get("geometry")
+    if geometry is not None:  # shown by its name, its values beside it
+        out.append(ReportParam("geometry", str(getattr(geometry, "name", geometry)), False))
+        describe = getattr(geometry, "describe", None)
+        if describe is not None:
+            out.append(ReportParam("geometry values", describe().split(": ", 1)[-1]))
     return out
 
 

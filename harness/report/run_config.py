@@ -51,6 +51,7 @@ class RunOptions:
     args: str = ""
     stack: str = "default"
     shard: str = ""
+    geometries: str = ""  # each selected geometry with its values, "; "-separated
 
 
 def _version(dist: str) -> str | None:
@@ -141,6 +142,8 @@ def environment_properties(run: RunOptions | None = None, root: Path = Path("/")
         props["run.inventory"] = run.inventory
     if run.shard:
         props["run.shard"] = run.shard
+    if run.geometries:
+        props["run.geometries"] = run.geometries
     if run.args:
         props["run.args"] = run.args
     return props

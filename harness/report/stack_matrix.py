@@ -37,6 +37,8 @@ SKIP_GROUPS = (DEVICE_GROUP, STACK_GROUP, OTHER_GROUP)
 # [suites.unsupported], [targets.unsupported], [targets] supported.
 STACK_SKIP = re.compile(r"^(?:suite )?\S+ does not run on stack \S+: |"
                         r"^\S+ is not among the targets of stack ")
+# The geometry whose tests keep the suite's own column (harness.geometry.catalog.DEFAULT_GEOMETRY).
+SMALL_GEOMETRY = "small"
 NOTHING = "—"  # a matrix cell where nothing was collected
 NO_TARGET = "(no target)"
 REASON_CHARS = 300
@@ -101,14 +103,26 @@ def _outcome(case: ET.Element) -> tuple[str, str]:
     return "passed", ""
 
 
+def _property(case: ET.Element, name: str) -> str | None:
+    """A ``<property>`` of a test case (pytest writes its user properties there)."""
+    for prop in case.iter("property"):
+        if prop.get("name") == name:
+            return prop.get("value")
+    return None
+
+
 def parse_junit(text: str, stack: str) -> list[Case]:
     """The test cases of one junit document (pytest's --junitxml)."""
     root = ET.fromstring(text)
     cases = []
     for tc in root.iter("testcase"):
         outcome, message = _outcome(tc)
-        cases.append(Case(stack=stack, suite=suite_of(tc.get("classname") or ""),
-                          name=tc.get("name") or "", outcome=outcome, message=message))
+        suite = suite_of(tc.get("classname") or "")
+        geometry = _property(tc, "geometry")
+        if geometry and geometry != SMALL_GEOMETRY:  # a column per geometry beyond the suites' own
+            suite = f"{suite} @ {geometry}"
+        cases.append(Case(stack=stack, suite=suite, name=tc.get("name") or "", outcome=outcome,
+                          message=message))
     return cases
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,17 +30,40 @@ class ModelCatalog:
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = cache_dir
         self._models: dict[str, Model] = {}
+        # One line per tiny model the cache held damaged and this session rebuilt.
+        self.rebuilt: list[str] = []
+
+    def _folder(self, value: str) -> Path:
+        """A tiny model's cache folder checked against its build manifest (rebuilt, with a
+        ModelRebuiltWarning naming the folder and what was wrong, when damaged), or a local
+        folder checked as it is (never rebuilt: a damaged one raises ModelFolderError)."""
+        # deferred: a heavy import, paid only where this runs
+        from fixtures.models import MODEL_SPECS, ModelRebuiltWarning, ensure_model, resolve_model
+        from harness.scenario.model_folder import check_model_folder
+
+        if value not in MODEL_SPECS:
+            path = resolve_model(value, self.cache_dir)
+            check_model_folder(path)
+            return path
+        cached = ensure_model(value, self.cache_dir)
+        if cached.state == "rebuilt":
+            line = (f"model folder {cached.path} was damaged ({'; '.join(cached.problems)});"
+                    " rebuilt it")
+            self.rebuilt.append(line)
+            warnings.warn(ModelRebuiltWarning(line), stacklevel=3)
+        return cached.path
 
     def model(self, value: str) -> Model:
-        """Resolve ``tiny-llama``/``tiny-granite`` (built on demand) or a local folder."""
+        """Resolve ``tiny-llama``/``tiny-granite`` (verified, built or rebuilt on demand) or a
+        local folder (checked, never rebuilt)."""
         if value not in self._models:
             # deferred: a heavy import, paid only where this runs
             from transformers import AutoTokenizer
 
             # deferred: a heavy import, paid only where this runs
-            from fixtures.models import model_content_hash, resolve_model
+            from fixtures.models import model_content_hash
 
-            path = resolve_model(value, self.cache_dir)
+            path = self._folder(value)
             digest = model_content_hash(path, memo_dir=self.cache_dir / "model-hash")
             tok = AutoTokenizer.from_pretrained(str(path))
             label = value if os.sep not in value else path.name

@@ -1,7 +1,8 @@
 """A local ``--model`` folder checked before any engine or reference loads it.
 
-Reads only what is cheap: config.json, each safetensors file's header and size, and a
-sharded checkpoint's index, so a truncated download or a corrupt config gives one line
+Reads only what is cheap: config.json, each safetensors file's header and size, a sharded
+checkpoint's index, whether weights and a tokenizer are there, and a tiny-model build's
+manifest when the folder carries one, so a truncated download or a corrupt config gives one line
 naming the file instead of a long traceback from deep inside a loader.
 """
 
@@ -86,3 +87,42 @@ def check_model_folder(folder: Path) -> None:
                                        " copy the missing shard")
     for path in sorted(folder.glob("*.safetensors")):
         _check_safetensors(path)
+    _check_present(folder)
+    _check_manifest(folder)
+
+
+# Any one of these is a tokenizer AutoTokenizer can load (fast, sentencepiece, BPE or WordPiece).
+_TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.json", "vocab.txt")
+_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
+def _check_present(folder: Path) -> None:
+    """The weights and a tokenizer are there: a copy that left them out is named, not loaded."""
+    if not any(any(folder.glob(pattern)) for pattern in _WEIGHT_FILES):
+        raise ModelFolderError(f"model folder {folder} has no weights (no *.safetensors or"
+                               " pytorch_model.bin file); copy the checkpoint's weight files")
+    tokenizers = sorted({p for pattern in _TOKENIZER_FILES for p in folder.glob(pattern)})
+    if not tokenizers:
+        raise ModelFolderError(f"model folder {folder} has no tokenizer (none of"
+                               f" {', '.join(_TOKENIZER_FILES)}); copy the checkpoint's tokenizer"
+                               " files")
+    if all(p.stat().st_size == 0 for p in tokenizers):
+        raise ModelFolderError(f"{tokenizers[0]}: an empty file; copy the checkpoint's tokenizer"
+                               " files again")
+
+
+def _check_manifest(folder: Path) -> None:
+    """A folder the tiny-model builder wrote (a cache folder given by path, or a copy of one)
+    matches its build manifest; it is not rebuilt here: the cache's own copy is, by name."""
+    # deferred: read only for folders that carry a manifest
+    from fixtures.model_hash import has_manifest, manifest_problems
+    from fixtures.model_specs import MODEL_SPECS
+
+    if not has_manifest(folder):
+        return
+    problems = manifest_problems(folder)
+    if problems:
+        raise ModelFolderError(f"model folder {folder} does not match its build manifest:"
+                               f" {'; '.join(problems)}; pass the model by name"
+                               f" ({', '.join(MODEL_SPECS)}: the cache rebuilds it) or copy the"
+                               " folder again")

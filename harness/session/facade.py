@@ -30,6 +30,7 @@ from harness.engine.driver import DriverSettings, EngineDriver
 from harness.engine.hygiene import EngineHygiene
 from harness.engine.order import config_id
 from harness.engine.pool import EnginePool, PoolSettings
+from harness.geometry.catalog import Geometry
 from harness.lab.leases import LeaseManager
 from harness.reference.cache import ReferenceCache
 from harness.reference.runner import ReferenceRunner
@@ -135,12 +136,19 @@ class HilSession(SessionVerdicts):
     # -- engines ------------------------------------------------------------
     def engine_config(
         self, variant: TargetVariant, model: Model, scenario: Scenario,
-        pool: str | None = None, **overrides: Any,
+        pool: str | None = None, geometry: Geometry | None = None, **overrides: Any,
     ) -> EngineConfig:
         """The engine of ``variant`` for ``scenario``; ``pool`` names a KV pool preset
-        (``harness.targets.geometry``) that each target turns into its own settings."""
+        (``harness.targets.geometry``) that each target turns into its own settings; a named
+        ``geometry`` (``harness.geometry``) sets the pool, prefix caching and batch TKV limit
+        its kind takes for it."""
         overrides = {**pool_overrides(variant.target, pool, scenario.limits, self.opts.stack),
                      **overrides}
+        if geometry is not None:  # the geometry's pool, caching and limits; the test's own win
+            shaped = kind(variant.target).geometry_overrides(geometry, self.opts.stack)
+            if "extra_env" in shaped:
+                shaped["extra_env"] = (*variant.device_env, *shaped["extra_env"])
+            overrides = {**shaped, **overrides}
         if self.opts.faults and "faults" not in overrides:
             overrides["faults"] = self.opts.faults
         overrides.setdefault("stack", self.opts.stack)

@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.core.paths import REPO_ROOT, STACKS_DIR
+from harness.core.strict_files import FileFormatError, read_toml
 from harness.stacks import host as host_stack
 
 ROOT = REPO_ROOT
@@ -179,10 +179,10 @@ def load_stack(name: str) -> Stack:
     if not path.is_file():
         raise StackError(f"no stack {name!r}: {path} does not exist (known: {list_stacks()})")
     where = str(path.relative_to(ROOT))
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise StackError(f"{where}: {e}") from e
+    try:  # strictly: a key twice, a byte-order mark or JSON is refused naming the line
+        raw = read_toml(path, "stack file", where)
+    except FileFormatError as e:
+        raise StackError(str(e)) from None
     if raw.get("name") != name:
         raise StackError(f"{where}: name = {raw.get('name')!r}, expected {name!r} (the file name)")
     installer = raw.get("installer", "steps")

@@ -1,15 +1,22 @@
-"""Running a pytest child so that Ctrl-C and SIGTERM end it cleanly.
+"""Running a pytest child so that Ctrl-C, SIGTERM, SIGHUP and the parent's death end it cleanly.
 
 The child runs in its own process group (a new session), so a Ctrl-C at the terminal reaches
-only ``hil``. On SIGINT or SIGTERM, ``hil`` sends SIGINT to the child's group: pytest ends
-its session as after a Ctrl-C (junit and results written, engines stopped), and gets
-GRACE_SECONDS for it; then the group is killed. A second signal kills the group at once.
-The caller learns which signal stopped the run, writes its summary marked interrupted and
-exits 128 + the signal number, without a traceback.
+only ``hil``. On SIGINT, SIGTERM or SIGHUP (a closed terminal, a dropped ssh session),
+``hil`` sends SIGINT to the child's group: pytest ends its session as after a Ctrl-C (junit
+and results written, engines stopped), and gets GRACE_SECONDS for it; then the group is
+killed. A second signal kills the group at once. The caller learns which signal stopped the
+run, writes its summary marked interrupted and exits 128 + the signal number (130, 143, 129),
+without a traceback.
+
+When ``hil`` itself dies without handling anything (SIGKILL, an OOM kill), the child is told
+by the kernel: on Linux it is started with PR_SET_PDEATHSIG = SIGTERM, which the harness's
+pytest plugin turns into the same session end as a Ctrl-C (its engines stop with it). Off
+Linux there is no such call: a child whose ``hil`` was killed outright runs on to its end.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -18,10 +25,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import IO, Self
+
+from harness.core.parent_death import die_with_parent
 
 GRACE_SECONDS = 60.0
 POLL_SECONDS = 0.2
-SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+# The signals that stop a run, each the same way.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM",
+                signal.SIGHUP: "SIGHUP"}
 
 
 @dataclass
@@ -31,10 +44,11 @@ class ChildOutcome:
     code: int
     signal: int | None = None
     killed: bool = False  # did not end within the grace period: SIGKILLed
+    timed_out: bool = False  # ran past the caller's timeout: its group SIGKILLed
 
     @property
     def exit_code(self) -> int:
-        """``hil``'s exit code for an interrupted run: 128 + the signal (130, 143)."""
+        """``hil``'s exit code for an interrupted run: 128 + the signal (130, 143, 129)."""
         return 128 + self.signal if self.signal else self.code
 
 
@@ -42,21 +56,39 @@ def signal_name(signum: int | None) -> str:
     return SIGNAL_NAMES.get(signal.Signals(signum), signal.Signals(signum).name) if signum else ""
 
 
-class ChildRunner:
-    """While open (``with ChildRunner() as runner``), SIGINT and SIGTERM of this process stop
-    the child that ``runner.run`` started, and no later child starts; ``runner.signal`` is the
-    first signal received (None when none). Handlers are installed in the main thread only."""
+def quiet_hung_up_terminal() -> list[int]:
+    """Point stdout and stderr at /dev/null where their terminal hung up (every write to it
+    now fails with EIO), so that a run stopped by SIGHUP still writes its summary and exits
+    with its code instead of a traceback. A terminal still there keeps its output. Returns
+    the file descriptors redirected."""
+    try:
+        import termios
+    except ImportError:
+        return []
+    quieted = []
+    for fd in (1, 2):
+        try:
+            termios.tcgetattr(fd)
+        except termios.error as e:
+            if e.args and e.args[0] == errno.EIO:  # ENOTTY: a file or pipe, written as before
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, fd)
+                os.close(null)
+                quieted.append(fd)
+        except (OSError, ValueError):
+            continue
+    return quieted
 
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.signal: int | None = None
-        self.deadline: float | None = None
-        self.killed = False
-        self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> ChildRunner:
+class _StopHandlers:
+    """While open, this process's stop signals (SIGINT, SIGTERM, SIGHUP) go to ``_handle``;
+    the previous handlers come back at exit. Installed in the main thread only."""
+
+    _previous: dict[int, object]
+
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -66,6 +98,25 @@ class ChildRunner:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        raise NotImplementedError
+
+
+class ChildRunner(_StopHandlers):
+    """While open (``with ChildRunner() as runner``), SIGINT, SIGTERM and SIGHUP of this
+    process stop the child that ``runner.run`` started, and no later child starts;
+    ``runner.signal`` is the first signal received (None when none). Handlers are installed
+    in the main thread only."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.signal: int | None = None
+        self.deadline: float | None = None
+        self.killed = False
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            quiet_hung_up_terminal()
         if self.signal is None:
             self.signal = signum
             self.deadline = time.monotonic() + GRACE_SECONDS
@@ -85,22 +136,58 @@ class ChildRunner:
         self.killed = True
         self._send(signal.SIGKILL)
 
-    def run(self, cmd: list[str], cwd: Path) -> ChildOutcome:
+    def run(self, cmd: list[str], cwd: Path, stdout: IO[bytes] | None = None,
+            stderr: IO[bytes] | None = None, timeout: float | None = None) -> ChildOutcome:
         """Run ``cmd`` in its own process group until it ends (not at all once a signal
-        stopped the run: exit code 2, pytest's for an interrupted session)."""
+        stopped the run: exit code 2, pytest's for an interrupted session). The child gets
+        SIGTERM when this thread ends (``die_with_parent``). ``stdout``/``stderr``: files for
+        its output (default this process's); past ``timeout`` seconds its group is killed
+        (``timed_out``)."""
         if self.signal is not None:
             return ChildOutcome(code=2, signal=self.signal, killed=self.killed)
-        self.proc = subprocess.Popen(cmd, cwd=cwd, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=stdout,
+                                     stderr=stderr, preexec_fn=die_with_parent())
+        ends = None if timeout is None else time.monotonic() + timeout
+        timed_out = False
         try:
             while True:
                 try:
                     code = self.proc.wait(timeout=POLL_SECONDS)
                     break
                 except subprocess.TimeoutExpired:
-                    if self.deadline is not None and time.monotonic() > self.deadline:
+                    now = time.monotonic()
+                    if self.deadline is not None and now > self.deadline:
                         self._kill()
+                    elif ends is not None and now > ends and not timed_out:
+                        timed_out = True
+                        self._send(signal.SIGKILL)
         finally:
             if self.proc.poll() is None:  # an exception here: never leave the group running
                 self._kill()
                 self.proc.wait()
-        return ChildOutcome(code=code, signal=self.signal, killed=self.killed)
+        return ChildOutcome(code=code, signal=self.signal, killed=self.killed,
+                            timed_out=timed_out)
+
+
+class StopSignals(_StopHandlers):
+    """For a command that runs its engines in its own process (``hil explore``): while open,
+    SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread as SIGINT does, so every
+    stop signal ends the command the same way (its ``finally`` blocks close the engines);
+    ``signal`` is the first one received. Handlers are installed in the main thread only."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal received (130, 143, 129); 130 when none was (a KeyboardInterrupt
+        raised otherwise is a Ctrl-C)."""
+        return 128 + (self.signal or signal.SIGINT)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            quiet_hung_up_terminal()
+        if self.signal is None:
+            self.signal = signum
+        raise KeyboardInterrupt(signal_name(signum))

@@ -11,7 +11,8 @@ the previous results stay as they were, byte for byte. An interrupted run is kep
 ``hil run``, ``hil nightly`` and ``hil report`` hold a kernel lock on ``REPORTS/.hil-lock``
 (fcntl.flock, released by the kernel when the holder dies) while they write; the holder's
 pid, host, command and start time are in ``REPORTS/.hil-lock.holder`` so a second command is
-refused naming it.
+refused naming it. A holder file left behind names a command that died holding the lock (the
+kernel released it): the next command takes the lock over and says whose it was.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -69,18 +71,47 @@ def read_holder(reports: Path) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
+def pid_alive(pid: object) -> bool | None:
+    """Whether process ``pid`` of this host runs (None: not a pid, or not ours to tell)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: it exists
+    except OSError:
+        return None
+    return True
+
+
+def holder_is_dead(holder: dict[str, object]) -> bool:
+    """Whether the holder file names a process of this host that no longer runs."""
+    return holder.get("host") == socket.gethostname() and pid_alive(holder.get("pid")) is False
+
+
 def describe_holder(holder: dict[str, object]) -> str:
     if not holder:
         return "another hil command (no holder file)"
     return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-            f" (`{holder.get('command', '?')}`, started {holder.get('started', '?')})")
+            f" (`{holder.get('command', '?')}`, started {holder.get('started', '?')})"
+            + (", no longer running" if holder_is_dead(holder) else ""))
+
+
+def _say_on_stderr(command: str) -> Callable[[str], None]:
+    prog = " ".join(command.split()[:2]) or "hil"
+    return lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True)
 
 
 @contextmanager
-def reports_lock(reports: Path, command: str) -> Iterator[None]:
+def reports_lock(reports: Path, command: str,
+                 say: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold ``REPORTS/.hil-lock`` for the block; raises ReportsBusy naming the holder when
     another live command has it (OSError when the folder cannot be made or written). A holder
-    file left by a dead command does not block: the kernel released its lock."""
+    file left by a dead command does not block: the kernel released its lock; the lock is
+    taken over and ``say`` (default: a line on stderr, prefixed with the command's name) is
+    told whose it was."""
     reports = Path(reports)
     reports.mkdir(parents=True, exist_ok=True)
     fd = os.open(reports / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -93,6 +124,13 @@ def reports_lock(reports: Path, command: str) -> Iterator[None]:
                 f"{reports} is in use by {describe_holder(read_holder(reports))}; wait for it"
                 " to finish or pass another --reports-dir") from None
         holder_path = reports / HOLDER_FILE
+        stale = read_holder(reports) if holder_path.exists() else None
+        if stale is not None:
+            # Every holder removes its file on release: one left names a holder that died.
+            (say or _say_on_stderr(command))(
+                f"took over the lock of {reports} from"
+                f" {describe_holder(stale).removesuffix(', no longer running')}, which is no"
+                " longer running (it ended without releasing the lock: killed?)")
         holder_path.write_text(json.dumps({
             "pid": os.getpid(), "host": socket.gethostname(), "command": command,
             "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}), encoding="utf-8")
@@ -102,6 +140,25 @@ def reports_lock(reports: Path, command: str) -> Iterator[None]:
             holder_path.unlink(missing_ok=True)
     finally:
         os.close(fd)  # releases the flock
+
+
+def lock_holder(reports: Path) -> str | None:
+    """Who holds ``REPORTS/.hil-lock`` now (``describe_holder``), or None when nobody does:
+    the lock is only looked at (taken shared for an instant, never created), so a direct
+    pytest run is refused by the lock ``hil run`` holds without holding it itself."""
+    try:
+        fd = os.open(Path(reports) / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None  # no lock file (or none that can be opened): no command holds it
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return describe_holder(read_holder(reports))
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------ staging and publishing

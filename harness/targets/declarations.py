@@ -82,6 +82,14 @@ class PoolGeometry:
         blocks = max_num_seqs * per_request + self.pad_blocks + extra_blocks
         return {"block_size": size, "num_blocks_override": blocks}
 
+    def pool_for(self, max_model_len: int, requests: int) -> dict[str, int]:
+        """The block count (and, where the platform lets it be set, the block size) of a pool
+        for ``requests`` full-length requests plus the pad blocks."""
+        size = self.block_tokens(max_model_len)
+        blocks = requests * -(-max_model_len // size) + self.pad_blocks
+        return ({"num_blocks_override": blocks} if self.fixed
+                else {"block_size": size, "num_blocks_override": blocks})
+
 
 # -- capabilities ------------------------------------------------------------------------
 
@@ -105,6 +113,14 @@ CAPABILITIES: dict[str, str] = {
     "pausing": "its scheduler pauses a decoding request (the request keeps its blocks) when the"
                " batch TKV limit would be passed; a stack may lack it (the kind's"
                " ``capability_problem`` says why)",
+    "holds_back_on_blocks": "its scheduler admits a request only where the pool can hold all it"
+                            " may need (prompt and max_tokens, or its worst case) beside what it"
+                            " reserved for the others, and otherwise holds it back: it never"
+                            " preempts for blocks; a stack may lack it (the kind's"
+                            " ``capability_problem`` says why)",
+    "prefix_caching": "it serves a prompt's prefix from its KV cache when asked"
+                      " (``EngineConfig.prefix_caching``; on by its mode where the mode is prefix"
+                      " caching's), reporting the cached tokens and running only the rest",
 }
 
 

@@ -31,6 +31,7 @@ from harness.targets.device_kind import DeviceKind
 
 if TYPE_CHECKING:
     from harness.core.trace import Trace
+    from harness.geometry.catalog import Geometry
 
 
 class KindHooks:
@@ -47,6 +48,11 @@ class KindHooks:
     variants: ClassVar[tuple[TargetVariant, ...]] = ()
     markers: ClassVar[dict[str, str]] = {}  # the markers its variants carry, with their meaning
     geometries: ClassVar[dict[str, PoolGeometry]] = {"default": PoolGeometry(None)}
+    # The pool geometry (a name of ``geometries``) of a pool the harness sizes in requests.
+    sized_pool_geometry: ClassVar[str] = "default"
+    # The engine variable that sets the kind's batch TKV limit (a Spyre compiler's batch size x
+    # TKV); None: its batching has no such limit, and a geometry that sets one does not apply.
+    batch_tkv_limit_env: ClassVar[str | None] = None
     # What a fork-server parent imports once vLLM resolved this kind's platform: the module
     # prefix of the platform's class -> the worker and runner modules an engine start pulls in
     # (handed to the parent in its environment by harness.engine.start_config).
@@ -159,6 +165,40 @@ class KindHooks:
         """EngineConfig overrides for a KV pool of exactly a full batch of full-length
         requests plus the pad block; {} where the device sizes its own pool."""
         return {}
+
+    @classmethod
+    def geometry_problem(cls, variant: TargetVariant, geometry: Geometry,
+                         stack: str) -> str | None:
+        """Why ``variant`` cannot run in ``geometry`` (a skip quoting it), or None."""
+        if geometry.tensor_parallel_size != 1:
+            return (f"{variant.id} runs one rank per engine in this harness: geometry"
+                    f" {geometry.name!r} asks for tensor_parallel_size"
+                    f" {geometry.tensor_parallel_size}")
+        if geometry.batch_tkv_limit is not None and cls.batch_tkv_limit_env is None:
+            return (f"{variant.id} has no batch TKV limit: geometry {geometry.name!r} (limit"
+                    f" {geometry.batch_tkv_limit}) would run as its own pool and batch alone")
+        return None
+
+    @classmethod
+    def geometry_overrides(cls, geometry: Geometry, stack: str) -> dict[str, Any]:
+        """EngineConfig overrides that make an engine of this kind serve in ``geometry``: its
+        pool (a full batch by the kind's rule, a number of full-length requests, a block count,
+        or none: the device decides), prefix caching where the geometry sets it, and the batch
+        TKV limit as the kind's variable (``extra_env``, which the caller joins to the
+        variant's own)."""
+        over: dict[str, Any] = {}
+        if geometry.pool == "full-batch":
+            over.update(cls.full_batch_pool(geometry.max_model_len, geometry.max_num_seqs, stack))
+        elif geometry.pool_requests is not None:
+            over.update(cls.stack_geometry(cls.sized_pool_geometry, stack)
+                        .pool_for(geometry.max_model_len, geometry.pool_requests))
+        elif geometry.num_blocks is not None:
+            over["num_blocks_override"] = geometry.num_blocks
+        if geometry.prefix_caching is not None:
+            over["prefix_caching"] = geometry.prefix_caching
+        if geometry.batch_tkv_limit is not None and cls.batch_tkv_limit_env:
+            over["extra_env"] = ((cls.batch_tkv_limit_env, str(geometry.batch_tkv_limit)),)
+        return over
 
     @classmethod
     def full_length_max_tokens(cls, max_model_len: int, prompt_len: int) -> int:

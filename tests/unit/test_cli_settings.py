@@ -40,7 +40,7 @@ def test_hil_nightly_with_a_missing_hil_inventory_is_refused(monkeypatch, tmp_pa
     ("HIL_REPORTS_DIR", "{tmp}/reports", ["report"], "reports_dir"),
     ("HIL_DEVICE_ROOT", "{tmp}", ["devices"], "root"),
     ("HIL_SHARD", "2/3", ["nightly"], "shard"),
-    ("HIL_SHARD_DURATIONS", "{tmp}/d.json", ["nightly"], "shard_durations"),
+    ("HIL_SHARD_DURATIONS", "{tmp}/d.json", ["nightly", "--shard", "1/2"], "shard_durations"),
     ("HIL_CACHE_DIR", "{tmp}/cache", ["models"], "cache_dir"),
     ("HIL_STACK", "default", ["run"], "stacks"),
     ("HIL_INVENTORY", "{tmp}/inv.toml", ["devices"], "inventory"),

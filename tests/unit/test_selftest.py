@@ -95,7 +95,10 @@ def test_the_expected_categories_are_real_categories():
         "sampler not greedy": "harness.core.verdict.VerdictFailed: [check greedy_self_consistency]"
                               " greedy self-consistency: request r0 position 13 chose token 1",
         "block leak": "harness.core.verdict.VerdictFailed: [check kv_ledger.conservation] kv invariant conservation broken at step 3",
+        "scheduling": "harness.core.verdict.VerdictFailed: [check kv_ledger.hold_back] kv invariant hold_back broken at step 5",
         "recompute": "harness.core.verdict.VerdictFailed: [check full_batch] full batch never reached: max_num_seqs=4",
+        "capacity": "harness.core.verdict.VerdictFailed: [check capacity] KV cache too small for a"
+                    " full batch: the device allocated 8 blocks",
         "timeout": "harness.engine.host.EngineTimeout: engine gave no answer within 15 s; killed it",
         "engine crash / harness error":
             "harness.engine.host.EngineStartError: engine died with exit code 3 while starting",

@@ -56,6 +56,7 @@ VARIABLES: list[Variable] = [
     # The pytest options' variables (harness/plugin/options.py), also the hil commands'.
     _opt("HIL_MODEL", "text", "--model"),
     _opt("HIL_TARGET", "text", "--target"),
+    _opt("HIL_GEOMETRY", "text", "--geometry"),
     _opt("HIL_REQUIRE_DEVICE", "flag", "--require-device"),
     _opt("HIL_ALLOW_EMULATED_CARD", "flag", "--allow-emulated-card"),
     _opt("HIL_NO_ENGINE_REPLACE", "flag", "--no-engine-replace"),
@@ -82,7 +83,8 @@ VARIABLES: list[Variable] = [
     Variable("HIL_FAULTS", "text",
              doc="faults (harness/in_engine/faults/) an engine installs, separated by ';'; set"
              " per device in an inventory's env table (--inject-fault sets them for all); in"
-             " the environment of a run it is refused"),
+             " the environment of a run it is refused, unless --allow-external-faults declares it"
+             " as the run's --inject-fault"),
     Variable("HIL_FULL_PROBE_MAX_BLOCKS", "whole",
              doc="KV probe: above this many blocks a snapshot is a delta (default 4096; 0:"
              " always)"),

@@ -6,6 +6,7 @@ provides less memory than configured.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from typing import Any
@@ -65,3 +66,26 @@ def kv_blocks_short(config: dict[str, Any], by: str = "1") -> None:
         return original(self, *a, **kw)
 
     EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
+
+
+@fault("kv-cache-short")
+def kv_cache_short(config: dict[str, Any], by: str = "1") -> None:
+    """vLLM's model runner allocates each KV cache tensor ``by`` blocks (pages) short of the
+    pool its scheduler hands blocks out of, as a device that provides less memory than it
+    reported to the scheduler would: the pool can hand out block ids with no memory behind
+    them (breaks device_blocks from the first snapshot). Acts at start-up, armed or not; a
+    plugin's own runner (sendnn-inference: ``runner-kv-short``) is not touched."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # defers a heavy import
+
+    original = GPUModelRunner._allocate_kv_cache_tensors
+
+    def _allocate_kv_cache_tensors(self: Any, kv_cache_config: Any) -> Any:
+        short = copy.deepcopy(kv_cache_config)
+        page = int(short.kv_cache_groups[0].kv_cache_spec.page_size_bytes)
+        for tensor in short.kv_cache_tensors:
+            tensor.size -= int(by) * page
+        print(f"[hil] fault kv_cache_short fired: the KV cache holds {int(by)} block(s) fewer"
+              f" than the {kv_cache_config.num_blocks} of the pool", flush=True)
+        return original(self, short)
+
+    GPUModelRunner._allocate_kv_cache_tensors = _allocate_kv_cache_tensors  # type: ignore[method-assign]

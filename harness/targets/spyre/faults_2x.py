@@ -219,3 +219,197 @@ def runner_wrong_block(config: dict[str, Any]) -> None:
         return out
 
     cls.add_new_request = add_new_request  # type: ignore[method-assign]
+
+
+# -- the block count: the pool's against the KV cache the device allocated
+
+
+def shifted_block_count(count: Any, override: int | None, step: int) -> int:
+    """What ``formula-forgets-pad-block`` makes of the plugin's block count: ``count(o)`` is
+    the plugin's count for the override ``o`` (None: the device decides); the faulty formula
+    gives ``step`` blocks fewer, and judges an override against a minimum ``step`` lower
+    (so its own minimum does not refuse what it decided)."""
+    return int(count(None if override is None else override + step)) - step
+
+
+@fault("runner-kv-short")
+def runner_kv_short(config: dict[str, Any], by: str = "1") -> None:
+    """sendnn-inference 2.x: after warmup the runner allocates its KV cache (the model's
+    ``past_key_value_states``) ``by`` blocks short of the count it was given, while the
+    scheduler's pool keeps the full count: the pool can hand out block ids the device's
+    cache does not have (breaks device_blocks from the first snapshot, a defect; with ``by``
+    2 the device-decided full-batch pool's KV cache no longer holds a full batch: capacity).
+    Acts at start-up, armed or not."""
+    from harness.targets.spyre.ledger import device_kv_blocks
+
+    cls = runner_class("runner-kv-short")
+    original = cls.complete_warmup
+
+    def complete_warmup(self: Any) -> Any:
+        out = original(self)
+        given = device_kv_blocks(self)
+        if given is not None:
+            self.model.set_past_key_value_states(num_blocks=given - int(by))
+            print(f"[hil] fault runner_kv_short fired: the runner's KV cache holds"
+                  f" {device_kv_blocks(self)} blocks of the {given} it was given", flush=True)
+        return out
+
+    cls.complete_warmup = complete_warmup  # type: ignore[method-assign]
+
+
+@fault("formula-forgets-pad-block")
+def formula_forgets_pad_block(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x: the block count the plugin decides for the device
+    (``SpyrePlatform.get_total_spyre_blocks``) forgets the pad block: a full batch's blocks
+    without it, and the round-up to a multiple of max_num_seqs that made room for it goes
+    too, so the count is max_num_seqs blocks short; its own minimum moves down with it, so
+    the engine starts. The scheduler's pool and the runner's KV cache agree, and neither
+    holds a full batch (breaks capacity: the device-decided count cannot serve the full
+    batch; on 2.x admission then holds the last request back)."""
+    platform = plugin_module("platform", "formula-forgets-pad-block").SpyrePlatform
+    original = platform.get_total_spyre_blocks  # bound to the class
+
+    def get_total_spyre_blocks(cls: Any, vllm_config: Any) -> int:
+        cache = vllm_config.cache_config
+        override = cache.num_gpu_blocks_override
+        step = int(vllm_config.scheduler_config.max_num_seqs)
+
+        def count(o: int | None) -> int:
+            cache.num_gpu_blocks_override = o
+            try:
+                return int(original(vllm_config))
+            finally:
+                cache.num_gpu_blocks_override = override
+
+        n = shifted_block_count(count, override or None, step)
+        if override is None:
+            print(f"[hil] fault formula_forgets_pad_block fired: the device-decided count is"
+                  f" {n} blocks, {step} short", flush=True)
+        return n
+
+    platform.get_total_spyre_blocks = classmethod(get_total_spyre_blocks)  # type: ignore[method-assign]
+
+
+# -- admission by blocks: the promises' amounts, and the hold-back (harness/checks/admission.py)
+
+
+class ClampedPromises(dict):  # type: ignore[type-arg]
+    """The scheduler's ``reserved_blocks`` for ``promise-one-short``: a promise of ``short``
+    that its request's last block would take below 0 stays at 0, and the block goes back onto
+    the scheduler's total (``owner.total_reserved_blocks``), so the plugin's own assertions
+    hold while the block is taken from the pool unpromised."""
+
+    def __init__(self, data: dict[str, int], owner: Any, short: str) -> None:
+        super().__init__(data)
+        self.owner, self.short = owner, short
+
+    def __setitem__(self, key: str, value: int) -> None:
+        if key == self.short and value < 0:
+            self.owner.total_reserved_blocks -= value  # what the total lost below 0
+            value = 0
+        super().__setitem__(key, value)
+
+
+def first_promised(scheduled_new_reqs: Iterable[Any], promised: dict[str, int],
+                   at_least: int = 1) -> str | None:
+    """The first request scheduled for the first time at this step whose promise is at least
+    ``at_least`` blocks."""
+    for req in scheduled_new_reqs:
+        if promised.get(req.req_id, 0) >= at_least:
+            return str(req.req_id)
+    return None
+
+
+@fault("promise-one-short")
+def promise_one_short(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x: the first request admitted after start with a block promised is
+    promised one block fewer than its prompt and max_tokens need (its promise and the total);
+    the block it takes last then comes from the pool unpromised, so admission can let a
+    newcomer into blocks a running request still needs (breaks promise_exact at the admission
+    step: "1 block(s) too few promised")."""
+    cls = scheduler_class("promise-one-short")
+    original = cls.schedule
+    once = Once()
+
+    def schedule(self: Any, *a: Any, **kw: Any) -> Any:
+        out = original(self, *a, **kw)
+        req_id = first_promised(out.scheduled_new_reqs, self.reserved_blocks)
+        if req_id is not None and once.due():
+            self.reserved_blocks = ClampedPromises(self.reserved_blocks, self, req_id)
+            self.reserved_blocks[req_id] -= 1
+            self.total_reserved_blocks -= 1
+            once.fire(f"[hil] fault promise_one_short fired: {req_id} admitted, promised"
+                      f" {self.reserved_blocks[req_id]} block(s), one fewer than it needs")
+        return out
+
+    cls.schedule = schedule  # type: ignore[method-assign]
+
+
+@fault("promise-one-extra")
+def promise_one_extra(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x: the first request admitted after start (where the pool has a
+    free block beyond every promise) is promised one block more than its prompt and
+    max_tokens need; the extra block is never handed out and holds a newcomer back until the
+    request finishes (breaks promise_exact at the admission step: "1 block(s) too many
+    promised")."""
+    cls = scheduler_class("promise-one-extra")
+    original = cls.schedule
+    once = Once()
+
+    def schedule(self: Any, *a: Any, **kw: Any) -> Any:
+        out = original(self, *a, **kw)
+        req_id = first_promised(out.scheduled_new_reqs, self.reserved_blocks, at_least=0)
+        if (req_id is not None and self.total_reserved_blocks < self._get_free_blocks()
+                and once.due()):
+            self.reserved_blocks[req_id] += 1
+            self.total_reserved_blocks += 1
+            once.fire(f"[hil] fault promise_one_extra fired: {req_id} admitted, promised"
+                      f" {self.reserved_blocks[req_id]} block(s), one more than it needs")
+        return out
+
+    cls.schedule = schedule  # type: ignore[method-assign]
+
+
+@fault("hold-back-once")
+def hold_back_once(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x: the first time after start that the scheduler would admit a
+    newcomer into a running batch (it fits, the batch has room, nothing else holds it), it
+    holds it back for that step; it is admitted at the next (breaks hold_back: "held back
+    although the scheduler had room for it")."""
+    cls = scheduler_class("hold-back-once")
+    original = cls.can_schedule_prefill
+    once = Once()
+
+    def can_schedule_prefill(self: Any, request: Any) -> bool:
+        ok = bool(original(self, request))
+        joins = ok and int(request.num_computed_tokens) == 0 and len(self.running) > 0
+        if joins and once.due():
+            once.fire(f"[hil] fault hold_back_once fired: {request.request_id} fits, held back"
+                      f" for a step beside {len(self.running)} running")
+            return False
+        return ok
+
+    cls.can_schedule_prefill = can_schedule_prefill  # type: ignore[method-assign]
+
+
+@fault("free-blocks-overcounted")
+def free_blocks_overcounted(config: dict[str, Any], by: str = "2") -> None:
+    """sendnn-inference 2.x: once armed, the scheduler counts ``by`` blocks more free than its
+    pool has (``_get_free_blocks``, which its admission and its own promise assertion read):
+    where blocks run short it admits a newcomer the pool cannot hold beside its promises
+    (breaks overcommit at that step; the pool then runs short under the requests it runs)."""
+    cls = scheduler_class("free-blocks-overcounted")
+    original = cls._get_free_blocks
+    extra = int(by)
+    once = Once()
+
+    def _get_free_blocks(self: Any) -> int:
+        n = int(original(self))
+        if not armed():
+            return n
+        if once.due():
+            once.fire(f"[hil] fault free_blocks_overcounted fired: the scheduler counts {extra}"
+                      f" more free blocks than its pool's {n}")
+        return n + extra
+
+    cls._get_free_blocks = _get_free_blocks  # type: ignore[method-assign]

@@ -38,6 +38,9 @@ class PluginGeneration:
     kv_home: str  # "runner": the runner's own pool; "scheduler": vLLM's KVCacheManager
     preload: tuple[str, ...]  # modules a preloaded fork-server parent imports
     pausing: bool = False  # the scheduler may pause a decoding request (keeps its blocks)
+    # The modes whose scheduler admits a request only where the pool holds all it may need
+    # beside the others' reservations, and holds it back otherwise (never preempting).
+    holds_back_on_blocks: tuple[str, ...] = ()
 
     def var(self, key: str) -> str:
         """The full name of the plugin's variable ``key`` (``DYNAMO_BACKEND``)."""
@@ -69,6 +72,9 @@ VLLM_SPYRE = PluginGeneration(
     platform_class="vllm_spyre.platform.SpyrePlatform",
     modes=("sb", "cb", "cp"),
     kv_home="runner",
+    # continuous batching reserves a joining request's worst case; its chunked prefill reserves
+    # nothing and leaves the pool to vLLM's stand-in
+    holds_back_on_blocks=("cb",),
     preload=("vllm_spyre.v1.worker.spyre_worker", "vllm_spyre.v1.worker.spyre_model_runner",
              "vllm_spyre.model_executor.model_loader.spyre", "vllm_spyre.v1.core.scheduler"),
 )
@@ -89,6 +95,7 @@ SENDNN_INFERENCE = PluginGeneration(
              # what every engine start imports next (0.15-0.3 s each start otherwise)
              "fms.models.hf", "fms.utils.spyre.paged"),
     pausing=True,
+    holds_back_on_blocks=("cp", "pc", "np"),  # promises of prompt + max_tokens at admission
 )
 
 GENERATIONS = (SENDNN_INFERENCE, VLLM_SPYRE)  # newest first: a host with both runs the newest

@@ -64,10 +64,12 @@ CHUNKED_MODES = ("cp", "pc", "np")
 # chunked prefill pauses on sendnn-inference 2.x (``capability_problem``: not on 1.x).
 MODE_CAPABILITIES = {
     "sb": (),
-    "cb": ("kv_ledger", "refuses_small_pool", "join_reservation", "forced_preemption"),
-    "cp": ("kv_ledger", "refuses_small_pool", "pausing"),
-    "pc": ("kv_ledger", "refuses_small_pool", "pausing"),
-    "np": ("kv_ledger", "refuses_small_pool"),
+    "cb": ("kv_ledger", "refuses_small_pool", "join_reservation", "forced_preemption",
+           "holds_back_on_blocks"),
+    "cp": ("kv_ledger", "refuses_small_pool", "pausing", "holds_back_on_blocks"),
+    "pc": ("kv_ledger", "refuses_small_pool", "pausing", "holds_back_on_blocks",
+           "prefix_caching"),
+    "np": ("kv_ledger", "refuses_small_pool", "holds_back_on_blocks"),
 }
 # Pausing off is a lab's choice, not the default users run: a control of the suites that run
 # pausing's controls, not a copy of every suite (opt-in: where --target names it).
@@ -155,7 +157,8 @@ class SpyreTarget(VllmTarget):
         "np": "sendnn-inference chunked prefill with pausing off (runs where named)",
     }
     plugin_preload = {gen.module: gen.preload for gen in GENERATIONS}
-    fault_modules = ("harness.targets.spyre.faults", "harness.targets.spyre.faults_2x")
+    fault_modules = ("harness.targets.spyre.faults", "harness.targets.spyre.faults_2x",
+                     "harness.targets.spyre.faults_tkv_prefix")
     probe_modules = ("harness.targets.spyre.ledger",)
     selftest_module = "harness.targets.spyre.selftest_cases"
     # sendnn-inference's runner publishes its batch order to the row-corruption faults.
@@ -165,6 +168,9 @@ class SpyreTarget(VllmTarget):
     runtime_distributions = ("torch-sendnn",)
     # The platform fixes 64-token blocks and keeps block 0 as the pad block.
     geometries = {"default": PoolGeometry(BLOCK_SIZE, pad_blocks=1, fixed=True)}
+    # The Spyre compiler's batch size x TKV limit; the plugin reads it from the environment
+    # (unset, it makes it max_model_len x max_num_seqs).
+    batch_tkv_limit_env = "VLLM_DT_MAX_BATCH_TKV_LIMIT"
     start_timeouts = {"sendnn": SENDNN_START_TIMEOUT}
     near_tie_tolerances = (
         NearTieTolerance("sendnn", NEAR_TIE_TOL_SENDNN,
@@ -180,8 +186,15 @@ class SpyreTarget(VllmTarget):
 
     @classmethod
     def capability_problem(cls, variant: Any, capability: str, stack: str) -> str | None:
-        """Pausing is a sendnn-inference 2.x scheduler's (``pausing`` of the generation)."""
+        """Pausing is a sendnn-inference 2.x scheduler's (``pausing`` of the generation); holding
+        back on blocks the modes' of ``holds_back_on_blocks`` of the generation."""
         gen = for_stack(stack)
+        if capability == "holds_back_on_blocks":
+            if gen is None or variant.mode in gen.holds_back_on_blocks:
+                return None
+            return (f"{variant.id} on stack {stack} runs {gen.name}, whose {variant.mode}"
+                    f" scheduler admits without reserving the blocks a request may need"
+                    f" (holds_back_on_blocks, harness/targets/spyre/generations.py)")
         if capability != "pausing" or (gen is not None and gen.pausing):
             return None
         runs = gen.name if gen is not None else "no Spyre plugin"

@@ -5,7 +5,10 @@
 * sendnn-inference 2.x (2.6.3 read and run): vLLM's scheduler pool is the ledger (block 0
   is its null block, also the runner's left-padding block); the scheduler's
   ``reserved_blocks`` are promises still outstanding, and the runner's own block table
-  (``runner.requests[id].block_ids``) is read beside it.
+  (``runner.requests[id].block_ids``) and the block count of the KV cache the runner
+  allocated (``device_kv_blocks``, sized apart from the pool) are read beside it; so are the
+  scheduler's side of the batch TKV limit (``read_batch_tkv``: pausing, chunk, predicted TKV)
+  and what the runner takes from the prefix cache per request (``runner_cached_tokens``).
 * vllm-spyre 1.x (1.10.0 read and run): the runner's own ``kv_cache_manager`` (a vLLM
   ``FullAttentionManager``) and its ``block_pool``; block 0 is the pool's null block and
   stands for padding. The vLLM scheduler's pool is a stand-in whose block size is
@@ -17,6 +20,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -58,6 +62,55 @@ def runner_block_table(runner: Any) -> dict[str, list[int]] | None:
     return out
 
 
+def read_batch_tkv(scheduler: Any, snap: KvSnapshot) -> None:
+    """sendnn-inference 2.x: whether its scheduler pauses to keep the batch TKV limit (the
+    plugin's ``SENDNN_INFERENCE_PAUSING_ENABLED`` as the scheduler's module reads it), its
+    chunk, and the TKV it predicts for the next decode of the requests decoding now
+    (``predict_next_decode_tkv``: a pure computation over the requests, changes nothing)."""
+    snap.chunk_size = probes.opt_int(getattr(scheduler, "chunk_size", None))
+    envs = getattr(inspect.getmodule(type(scheduler)), "envs_spyre", None)
+    pausing = getattr(envs, "SENDNN_INFERENCE_PAUSING_ENABLED", None)
+    snap.pausing = None if pausing is None else bool(pausing)
+    predict = getattr(scheduler, "predict_next_decode_tkv", None)
+    if callable(predict):
+        prefilling = list(getattr(scheduler, "ongoing_prefills", ()))
+        decoding = [r for r in list(scheduler.running) if r not in prefilling]
+        snap.predicted_tkv = int(predict(decoding))
+        snap.predicted_batch = [str(r.request_id) for r in decoding]
+
+
+def runner_cached_tokens(runner: Any) -> dict[str, int] | None:
+    """Per request a sendnn-inference 2.x runner holds: the prompt tokens it takes from the
+    prefix cache (its ``usable_blocks`` times its block size; it computes the rest of the
+    prompt, whole chunks); None for other runners."""
+    table = getattr(runner, "requests", None)
+    block_size = getattr(runner, "block_size", None)
+    if not isinstance(table, dict) or block_size is None:
+        return None
+    return {str(r): int(s.usable_blocks) * int(block_size)
+            for r, s in list(table.items()) if hasattr(s, "usable_blocks")}
+
+
+
+def device_kv_blocks(runner: Any) -> int | None:
+    """How many blocks the KV cache the Spyre model allocated holds: the smallest first
+    dimension over its layers' key and value tensors (``past_key_value_states``: per layer
+    ``(k, v)`` of ``[num_blocks, block_size, kv_heads, head_dim]``), read from their shapes,
+    no data touched. sendnn-inference 2.x keeps them on ``runner.model``, vllm-spyre 0.x-1.x
+    on ``runner.model.model``. None before the model is loaded, or where it keeps none."""
+    for path in (("model",), ("model", "model")):
+        try:
+            holder = runner
+            for name in path:
+                holder = getattr(holder, name)
+            layers = holder.past_key_value_states
+            counts = [int(t.shape[0]) for layer in layers for t in layer]
+        except (AssertionError, AttributeError, IndexError, TypeError):
+            continue  # 2.x's ``model`` asserts that it is loaded
+        if counts:
+            return min(counts)
+    return None
+
 
 def snapshot_spyre_runner(runner: Any, tracker: DeltaTracker | None = None) -> KvSnapshot:
     """Read a vllm-spyre 1.x continuous-batching runner's ledger without changing it.
@@ -95,6 +148,7 @@ def snapshot_spyre_runner(runner: Any, tracker: DeltaTracker | None = None) -> K
     # The runner's request table, read apart from its reservations (check_reported_free).
     table = getattr(runner, "requests", None)
     snap.serving = None if table is None else [str(r) for r in list(table)]
+    snap.device_blocks = device_kv_blocks(runner)
     return snap
 
 
@@ -153,6 +207,7 @@ def snapshot_legacy_spyre_runner(runner: Any) -> KvSnapshot:
         reported_free=None,
         tkv=probes.opt_int(getattr(runner, "tkv", None)),
         block_size=probes.opt_int(block_size),
+        device_blocks=device_kv_blocks(runner),
     )
 
 
@@ -184,6 +239,10 @@ def read_spyre_ledgers(scheduler: Any, runner: Any, snaps: list[KvSnapshot],
     if read_promises(scheduler, snaps[0]):
         if runner is not None:
             snaps[0].runner_blocks = runner_block_table(runner)
+            # The pool is the scheduler's; the KV cache it indexes is the runner's.
+            snaps[0].device_blocks = device_kv_blocks(runner)
+            snaps[0].runner_cached = runner_cached_tokens(runner)
+        read_batch_tkv(scheduler, snaps[0])
         return True
     if runner is None:
         return False

@@ -15,6 +15,8 @@ from harness.targets.selftest_case import (
 
 LEGACY_STACK = "legacy-spyre-0.4"  # the minimum-decode-batch dummy runner
 SPYRE_1X_STACK = "spyre-1.10"  # vllm-spyre 1.x: the cb mode and its runner's block pool
+TKV_LIMIT = "suites/test_tkv_limit.py"
+PREFIX_REUSE = "suites/test_prefix_reuse.py"
 
 CASES: tuple[Case, ...] = (
     Case("perturb-logit:position=5", "spyre-eager-cp", TOKEN, ONE_TOKEN_TEST, "token mismatch"),
@@ -63,6 +65,29 @@ CASES: tuple[Case, ...] = (
     Case("runner-wrong-block", "spyre-eager-cp", FREEING, "finish-back-to-idle", "block leak"),
     Case("pause-at-full-batch", "spyre-eager-cp", NO_RECOMPUTE, "full_batch_runs and cp-65-2",
          "recompute"),
+    # 2.x: the pool against the KV cache the runner allocated
+    # (tests/e2e/test_device_block_count_faults.py).
+    Case("runner-kv-short", "spyre-eager-cp", FREEING, "single-request", "block leak"),
+    Case("formula-forgets-pad-block", "spyre-eager-cp", CAPACITY, "device_decided", "capacity"),
+    # 2.x admission by blocks: exact promises, the hold-back, no overcommit
+    # (tests/e2e/test_block_admission_faults.py).
+    Case("promise-one-short", "spyre-eager-cp", FREEING, "second-request-joins", "block leak"),
+    Case("promise-one-extra", "spyre-eager-cp", FREEING, "second-request-joins", "block leak"),
+    Case("hold-back-once", "spyre-eager-cp", FREEING, "second-request-joins", "scheduling"),
+    Case("free-blocks-overcounted", "spyre-eager-cp", "suites/test_block_admission.py",
+         "holds_newcomers_back", "scheduling"),
+    # 2.x: the batch TKV limit and the prefix cache, exactly (tests/e2e/test_tkv_prefix_faults.py).
+    Case("pause-one-step-late", "spyre-eager-cp", TKV_LIMIT, "pauses_exactly", "scheduling"),
+    Case("pause-with-room", "spyre-eager-pc", TKV_LIMIT, "pauses_exactly", "scheduling"),
+    Case("hold-back-at-admission", "spyre-eager-cp", TKV_LIMIT, "pauses_exactly", "scheduling"),
+    Case("runner-tkv-one-block-high", "spyre-eager-cp", FREEING, "second-request-joins",
+         "scheduling"),
+    Case("tkv-prediction-without-padding", "spyre-eager-pc", FREEING, "second-request-joins",
+         "scheduling"),
+    Case("prefix-hit-underreported", "spyre-eager-pc", PREFIX_REUSE, "served_again",
+         "scheduling"),
+    Case("prefix-cache-drops-a-block", "spyre-eager-pc", PREFIX_REUSE, "served_again",
+         "scheduling"),
 )
 
 # On a card the faults that patch vLLM itself apply; the device is required, not skipped.

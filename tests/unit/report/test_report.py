@@ -54,6 +54,7 @@ from harness.report.summary import summarize, summary_markdown
 from harness.scenario.prompts import EngineLimits, RequestSpec, Scenario
 from harness.targets.variants import VARIANTS
 from tests.allure_results import allure_result, results_folder
+from tests.unit.checks.test_admission import joining
 
 
 def exconly(exc: BaseException) -> str:
@@ -142,6 +143,7 @@ def _real_messages() -> dict[str, tuple[str, str, str | None]]:
         "token mismatch": ("failed", *failed(token_verdict(cmp_, decode, PROMPTS))),
         "recompute": ("failed", *failed(check_no_preemption(preempted))),
         "recompute (full batch)": ("failed", *failed(check_full_batch(leaky_trace(), 4))),
+        "scheduling": ("failed", *failed(check_ledger(joining()))),
         "block leak": ("failed", *failed(check_ledger(leaky_trace()))),
         "block leak (warmup)": ("failed", *failed(check_idle_ledgers([warmup]))),
         "capacity": ("broken", capacity, None),
@@ -361,9 +363,9 @@ def test_write_run_config_writes_the_three_files(tmp_path):
     assert sorted(p.name for p in written) == [
         "categories.json", "environment.properties", "executor.json"]
     cats = json.loads((tmp_path / "categories.json").read_text())
-    assert [c["name"] for c in cats][:7] == [
-        "device missing", "timeout", "capacity", "recompute", "inherited state", "block leak",
-        "token mismatch"]
+    assert [c["name"] for c in cats][:8] == [
+        "device missing", "timeout", "capacity", "recompute", "inherited state", "scheduling",
+        "block leak", "token mismatch"]
     assert not (write_run_config(tmp_path / "x", env={}, root=tmp_path)[-1].name == "executor.json")
 
 

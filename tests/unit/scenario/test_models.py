@@ -230,7 +230,8 @@ def test_content_hash_memo(
     for p in folder.iterdir():
         os.utime(p)  # fresh, as if just written (copytree kept the cached build's stamps)
     memo_dir = tmp_path / "memo"
-    listing = sorted(p.name for p in folder.iterdir())
+    # the hashed files: the hidden build manifest is no part of the content hash
+    listing = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
 
     # Freshly written files are not memoised: a same-tick rewrite would keep size and mtime.
     fresh = model_content_hash(folder, memo_dir)
@@ -240,7 +241,7 @@ def test_content_hash_memo(
     assert model_content_hash(folder, memo_dir) == fresh
     memo = json.loads((memo_dir / model_hash.MEMO_FILE).read_text())
     assert len(memo["entries"]) == len(listing)
-    assert sorted(p.name for p in folder.iterdir()) == listing
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == listing
 
     hashed: list[str] = []
     real_sha = model_hash.file_sha256

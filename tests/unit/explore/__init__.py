@@ -1,0 +1,1 @@
+"""Unit tests of hil explore (harness/explore/): no engine starts."""
