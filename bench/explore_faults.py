@@ -7,7 +7,8 @@ Each search runs ``hil explore --target T --inject-fault F`` in a folder of its 
 models linked in, so the database starts empty) and its findings.md is read: the check it
 failed, the examples and seconds until found, and the shrunk workload. Writes
 ``reports/bench/explore-faults.md`` and prints it. A fault not found within the budget is a row
-saying so, never dropped.
+saying so, never dropped. Each search's findings are kept under
+``reports/bench/explore-faults/<time>/<fault>/``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,9 +70,10 @@ def search(fault: str, target: str, budget: float, shrink: float, folder: Path) 
     found = FOUND.search(text)
     if run.returncode == 1 and check and found:
         requests = re.findall(r"^\| r\d+ \|", text, re.M)
+        why = re.search(r"The failed check:\n\n```text\n(.*)\n", text)
         row.update(check=check.group(1), found_after=float(found.group(1)),
                    examples=int(found.group(2)), shrunk_s=float(found.group(3)),
-                   requests=len(requests))
+                   requests=len(requests), why=why.group(1)[:300] if why else "")
     else:
         tail = (run.stdout + run.stderr).strip().splitlines()[-3:]
         row["why"] = "; ".join(tail) if run.returncode != 0 else "not found within the budget"
@@ -84,8 +87,9 @@ def table(rows: list[dict], budget: float, shrink: float) -> str:
              " requests after shrinking | wall (s) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["check"]:
-            lines.append(f"| `{r['fault']}` | {r['target']} | `{r['check']}` | {r['examples']} |"
-                         f" {r['found_after']:g} | {r['requests']} | {r['wall_s']} |")
+            lines.append(f"| `{r['fault']}` | {r['target']} | `{r['check']}`: {r['why']} |"
+                         f" {r['examples']} | {r['found_after']:g} | {r['requests']} |"
+                         f" {r['wall_s']} |")
         else:
             lines.append(f"| `{r['fault']}` | {r['target']} | not found (exit {r['exit']}:"
                          f" {r['why']}) | - | - | - | {r['wall_s']} |")
@@ -102,10 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown fault(s) {', '.join(unknown)}: one of {', '.join(FAULTS)}")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="explore-faults-") as tmp:
+    # each search's reports (findings.md, the regression test) are kept for reading
+    runs = ROOT / "reports" / "bench" / "explore-faults"
+    runs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="run-", dir=runs) as tmp:
+        kept = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=runs))
         for fault in args.faults or FAULTS:
             rows.append(search(fault, FAULTS[fault], args.budget, args.shrink_budget,
                                Path(tmp) / fault))
+            findings = Path(tmp) / fault / "reports" / "explore"
+            if findings.is_dir():
+                shutil.copytree(findings, kept / fault)
             print(table(rows[-1:], args.budget, args.shrink_budget).splitlines()[-1], flush=True)
     out = ROOT / "reports" / "bench" / "explore-faults.md"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ first finding ends the search. Writes REPORTS_DIR/explore/findings.md and, per f
 regression test beside it. Exit 0: nothing found; 1: a finding (or the search stopped on an
 engine or harness error, which the output names); 2: bad input (an unknown target, model,
 stack or fault, a budget not above 0, a target this machine cannot run, the reports folder in
-use).
+use), or no example ran at all (every geometry refused: findings.md says why).
 """
 
 from __future__ import annotations
@@ -160,9 +160,11 @@ def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
     except BadInput as e:
         print(f"hil explore: {e}", file=sys.stderr)
         return 2
-    reports = Path(args.reports_dir)
+    # absolute: the engines and their fork server write their logs from folders of their own
+    reports = Path(args.reports_dir).absolute()
     info = RunInfo(seed=args.seed, budget=args.budget, shrink_budget=args.shrink_budget,
-                   model=model, stack=stack, faults=faults, cache_dir=Path(args.cache_dir),
+                   model=model, stack=stack, faults=faults,
+                   cache_dir=Path(args.cache_dir).absolute(),
                    explore_dir=reports / FOLDER)
     stop = StopSignals()  # SIGTERM and SIGHUP end the search as Ctrl-C does: engines closed
     try:
@@ -232,6 +234,12 @@ def explore(info: RunInfo, variants: list, inventory: str = "",
     return report(info, results, tests)
 
 
+def ran_nothing(results: list) -> bool:
+    """No example ran in any search (every geometry refused, or no time for one): "no
+    findings" would then say nothing about the stack."""
+    return not any(result.tally.examples for _, result in results)
+
+
 def report(info: RunInfo, results: list, tests: list[Path]) -> int:
     """Print what the search found and did; the exit code."""
     for target, result in results:
@@ -249,7 +257,13 @@ def report(info: RunInfo, results: list, tests: list[Path]) -> int:
     print(f"hil explore: {info.explore_dir / FINDINGS_FILE}")
     for test in tests:
         print(f"hil explore: regression test {test}")
-    return 1 if tests else 0
+    if tests:
+        return 1
+    if ran_nothing(results):
+        print("hil explore: no example ran (every geometry refused, see findings.md for why):"
+              " nothing was searched", file=sys.stderr)
+        return 2
+    return 0
 
 
 def nightly_explore(budget: float, args: argparse.Namespace, extra: list[str]) -> int:
@@ -268,7 +282,7 @@ def nightly_explore(budget: float, args: argparse.Namespace, extra: list[str]) -
     except BadInput as e:
         print(f"hil nightly --explore: {e}", file=sys.stderr)
         return 2
-    reports = Path(args.reports_dir)
+    reports = Path(args.reports_dir).absolute()
     # A seed of the day: each night searches other geometries, a night's search replays.
     info = RunInfo(seed=int(time.strftime("%Y%m%d")), budget=budget,
                    shrink_budget=SHRINK_BUDGET, model=name, stack=stack,

@@ -40,6 +40,36 @@ def starved_after_an_abort(verdict: Verdict, example: Example) -> bool:
     return bool(_aborted(example)) and STARVED in verdict.why
 
 
+_POOL_VS_DEVICE = re.compile(r"the pool has (\d+) blocks but the device's KV cache holds (\d+)")
+
+
+def override_rounded_down(verdict: Verdict, example: Example) -> bool:
+    """The device's KV cache is the pool rounded down to a multiple of max_num_seqs, and the
+    pool is not one: what sendnn-inference 2.6.3 allocates for such an override."""
+    found = _POOL_VS_DEVICE.search(verdict.why)
+    if not found:
+        return False
+    pool, device = int(found.group(1)), int(found.group(2))
+    batch = example.geometry.max_num_seqs
+    return pool % batch != 0 and device == pool - pool % batch
+
+
+_OUT_OF_BOUNDS = re.compile(r"IndexError: index (\d+) is out of bounds for dimension 0 with"
+                            r" size (\d+)")
+
+
+def block_past_the_rounded_cache(verdict: Verdict, example: Example) -> bool:
+    """The same defect once the scheduler hands out a block past the rounded-down cache: the
+    runner indexes its KV cache (a multiple of max_num_seqs blocks) less than a batch past
+    its end, and the engine's call fails."""
+    found = _OUT_OF_BOUNDS.search(verdict.why)
+    if not found:
+        return False
+    index, size = int(found.group(1)), int(found.group(2))
+    batch = example.geometry.max_num_seqs
+    return size % batch == 0 and size <= index < size + batch
+
+
 @dataclass(frozen=True)
 class KnownFailure:
     """A failure of a stack that is known: ``check`` failing on ``stacks`` for target variants
@@ -78,6 +108,26 @@ KNOWN: tuple[KnownFailure, ...] = (
         stacks=("default",),
         targets=("spyre-",),
         applies=starved_after_an_abort,
+    ),
+    # A block count the device rounds down for its batch while the scheduler keeps the
+    # override: every geometry whose pool is not a multiple of max_num_seqs meets it at start.
+    KnownFailure(
+        summary="sendnn-inference 2.6.3 allocates an override not a multiple of max_num_seqs"
+                " rounded down, while its scheduler hands out the override's blocks",
+        issue="docs/upstream/sendnn-inference-override-not-a-multiple-of-the-batch.md",
+        check="kv_ledger.device_blocks",
+        stacks=("default",),
+        targets=("spyre-",),
+        applies=override_rounded_down,
+    ),
+    KnownFailure(
+        summary="sendnn-inference 2.6.3 allocates an override not a multiple of max_num_seqs"
+                " rounded down: its runner indexes a block past its KV cache",
+        issue="docs/upstream/sendnn-inference-override-not-a-multiple-of-the-batch.md",
+        check=ENGINE_ERROR,
+        stacks=("default",),
+        targets=("spyre-",),
+        applies=block_past_the_rounded_cache,
     ),
 )
 

@@ -68,3 +68,21 @@ def test_without_hypothesis_the_search_is_refused_naming_the_fix(monkeypatch):
     with pytest.raises(command.BadInput, match="the search needs hypothesis, which .* lacks:"
                        " run hil explore from the default stack's venv"):
         command._search_library()
+
+
+def test_a_search_that_ran_no_example_is_no_all_clear(tmp_path, capsys):
+    """Every geometry refused (an engine that never starts): exit 2 with the reason's pointer,
+    never 0 "no findings"; a search that ran examples and found nothing exits 0."""
+    from collections import Counter
+
+    from harness.explore.command import report
+    from harness.explore.findings import RunInfo
+    from harness.explore.search import SearchResult, Tally
+
+    info = RunInfo(seed=0, budget=10, shrink_budget=1, model="tiny-llama", stack="default",
+                   explore_dir=tmp_path)
+    refused = Tally(geometries_refused=Counter({"the engine did not start: ...": 256}))
+    assert report(info, [("spyre-eager-cp", SearchResult([], refused, 10.0, "spent"))], []) == 2
+    assert "no example ran (every geometry refused" in capsys.readouterr().err
+    ran = Tally(examples=3, passed=3, geometries=1)
+    assert report(info, [("spyre-eager-cp", SearchResult([], ran, 10.0, "spent"))], []) == 0

@@ -111,6 +111,43 @@ def test_a_queue_starved_by_the_kept_promise_is_known_only_after_an_abort():
     assert known_failure(crash, aborting, "spyre-eager-pc", "default") is None
 
 
+def test_an_override_the_device_rounds_down_for_its_batch_is_known_on_2x_only():
+    four = Example.of(FULL, (RequestShape(30, 20),))
+    batch = four.geometry.max_num_seqs
+    assert batch > 1
+    pool = 5 * batch + 1
+
+    def short(device: int) -> Verdict:
+        return Verdict.failed("kv_ledger.device_blocks", "kv invariant device_blocks broken at"
+                              f" step -1: the pool has {pool} blocks but the device's KV cache"
+                              f" holds {device} (ids 0..{device - 1}): the scheduler can hand"
+                              " out blocks ...")
+
+    assert known_failure(short(pool - 1), four, "spyre-eager-cp", "default") is not None
+    assert known_failure(short(pool - 1), four, "spyre-eager-cp", "spyre-1.10") is None
+    assert known_failure(short(pool - 1), four, "vllm-cpu", "default") is None
+    assert known_failure(short(pool - 2), four, "spyre-eager-cp", "default") is None  # not it
+    even = Verdict.failed("kv_ledger.device_blocks", f"the pool has {5 * batch} blocks but the"
+                          f" device's KV cache holds {4 * batch}")
+    assert known_failure(even, four, "spyre-eager-cp", "default") is None
+
+
+def test_a_block_past_the_rounded_down_cache_is_known_as_the_same_defect():
+    four = Example.of(FULL, (RequestShape(30, 20),))
+    batch = four.geometry.max_num_seqs
+
+    def crash(index: int, size: int) -> Verdict:
+        return Verdict.failed("engine_error", "EngineRequestError: engine spyre-eager-cp raised"
+                              f" IndexError: index {index} is out of bounds for dimension 0"
+                              f" with size {size}")
+
+    size = 4 * batch
+    assert known_failure(crash(size, size), four, "spyre-eager-cp", "default") is not None
+    assert known_failure(crash(size, size), four, "vllm-cpu", "default") is None
+    assert known_failure(crash(size + batch, size), four, "spyre-eager-cp", "default") is None
+    assert known_failure(crash(size + 1, size + 1), four, "spyre-eager-cp", "default") is None
+
+
 def test_a_known_failure_is_no_finding_and_a_regression_test_does_not_expect_it():
     aborting = Example.of(FULL, (RequestShape(30, 60, abort_after=6),))
     leak = Verdict.failed("kv_ledger.promises", "1 blocks are still promised to request r0")
