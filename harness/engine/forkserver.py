@@ -161,7 +161,7 @@ class ForkServer:
             logf.close()
         else:
             try:
-                proc = parent.fork({"role": "platform", "env": env, "cwd": cwd, "log": str(log_path),
+                proc = parent.fork({"role": "platform", "env": env, "cwd": cwd, "log": str(Path(log_path).absolute()),
                                     "address": address, "authkey": authkey.hex()})
             except BaseException:
                 listener.close()
@@ -354,7 +354,8 @@ def spawn_engine(python: str, address: str, child_env: dict[str, str], cwd: str,
     else a fresh ``python -m harness.in_engine.process``. Returns a Popen-like object."""
     mode = start_mode()
     if mode != "fresh":
-        spec = {"env": child_env, "cwd": cwd, "argv": [address], "log": str(log_path)}
+        spec = {"env": child_env, "cwd": cwd, "argv": [address],
+                "log": str(Path(log_path).absolute())}  # the fork parent runs elsewhere
         try:
             srv = server_for(python, child_env, cwd, log_path.parent)
             conflicts = srv.conflicts(child_env)

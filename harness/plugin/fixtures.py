@@ -35,14 +35,16 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
     def opt(name: str) -> Any:
         return option_value(pytestconfig, name)
 
-    cache_dir = Path(opt("--hil-cache-dir"))
+    # Absolute: engines and their fork server run from folders of their own (a relative
+    # --hil-reports-dir left every engine without its log folder: none started).
+    cache_dir = Path(opt("--hil-cache-dir")).absolute()
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Engines inherit these; keep vLLM's and inductor's caches inside the project cache.
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     opts = SessionOptions(
         cache_dir=cache_dir,
-        reports_dir=Path(opt("--hil-reports-dir")),
+        reports_dir=Path(opt("--hil-reports-dir")).absolute(),
         near_tie=NearTiePolicy(top_k=opt("--near-tie-topk"), prob_tol=opt("--near-tie-tol")),
         near_tie_tols={t.backend: opt(f"--near-tie-tol-{t.backend}") for t in near_tie_tolerances()},
         engine_reuse=not opt("--no-engine-reuse"),
