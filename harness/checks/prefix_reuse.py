@@ -11,8 +11,10 @@ and sendnn-inference 2.6.3 and computed here from the trace's own numbers:
   output tokens it had run); the prompt's last token is always computed, so at most
   ``(prompt_len - 1) // block_size`` blocks. vLLM caches a block when it schedules its tokens,
   so a request scheduled before this one in the same step counts with that step's tokens.
-  Without prefix caching, nothing is cached. (sendnn-inference's scheduler is vLLM's here: it
-  reports the same block hit.)
+  Without prefix caching, nothing is cached; a request that shares no prefix with an earlier
+  one is served nothing from the cache (an aborted request's computed blocks count: its
+  prompt comes from the caller, since the trace holds no output of it). (sendnn-inference's
+  scheduler is vLLM's here: it reports the same block hit.)
 - **Executed prompt tokens** (``StepRecord.executed``: the tokens the executor was handed per
   request, by vLLM's scheduler, at the steps that ran its prompt, ``StepRecord.prefilled``):
   ``prompt_len - cached``, none run again.
@@ -36,6 +38,7 @@ every ledger.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from harness.core.trace import SOURCE_VLLM_SCHEDULER, KvSnapshot, Trace
@@ -92,10 +95,14 @@ class Served:
     runner: int | None = None
 
 
-def _serving(trace: Trace) -> dict[str, Served]:
-    """Each finished request's prompt as the run served it, with its best earlier sharer."""
+def _serving(trace: Trace, prompts: Mapping[str, Sequence[int]] | None = None
+             ) -> dict[str, Served]:
+    """Each finished request's prompt as the run served it, with its best earlier sharer;
+    ``prompts`` gives the prompts of requests the trace holds no output of (aborted ones),
+    which computed blocks others can be served."""
     requests = trace.requests
-    seqs = {r: [*t.prompt_token_ids, *t.token_ids] for r, t in requests.items()}
+    seqs = {r: list(p) for r, p in (prompts or {}).items() if r not in requests}
+    seqs.update({r: [*t.prompt_token_ids, *t.token_ids] for r, t in requests.items()})
     computed: dict[str, int] = {}
     out = {r: Served(r, len(t.prompt_token_ids), t.num_cached_tokens, steps=[])
            for r, t in requests.items()}
@@ -143,7 +150,11 @@ def _judge(s: Served, block_size: int, chunk: int | None) -> list[str]:
     out: list[str] = []
     ran = s.prompt_len - s.reported
     blocks = f"{s.expected} in whole {block_size}-token blocks before its last token"
-    if s.sharer is not None and s.reported != s.expected:
+    if s.sharer is None and s.reported:
+        out.append(f"request {s.request_id} reports {s.reported} cached tokens but shares no"
+                   " prefix with an earlier request of the run: nothing it computed could"
+                   " serve them")
+    elif s.sharer is not None and s.reported != s.expected:
         if s.executed == s.prompt_len - s.expected:  # it ran only the rest of what it shared
             out.append(f"request {s.request_id} reports {s.reported} cached tokens but was"
                        f" served {s.expected} from the cache: it ran only {s.executed} of its"
@@ -179,13 +190,18 @@ def _line(s: Served) -> str:
             f" {len(s.steps or [])} steps{runner}")
 
 
-def check_prefix_reuse(trace: Trace, chunk: int | None = None) -> Verdict:
+def check_prefix_reuse(trace: Trace, chunk: int | None = None,
+                       judged: Collection[str] | None = None,
+                       prompts: Mapping[str, Sequence[int]] | None = None) -> Verdict:
     """Every finished request of a step-driven ``trace`` was served its prompt as the module's
     rules give: its reported cached tokens the block-aligned prefix it shares with an earlier
     request of the run (0 without prefix caching), its executed prompt tokens the rest, and
     where the runner says what it took from the cache (sendnn-inference 2.x), that amount and
     its prefill steps as chunk alignment allows. ``chunk`` is the prefill chunk in tokens
-    (default: the one the scheduler recorded)."""
+    (default: the one the scheduler recorded); ``judged``: the requests judged (default all;
+    every request of the run counts as an earlier sharer): a run that aborts some judges the
+    others; ``prompts``: the prompts of the requests the trace holds no output of (an aborted
+    request's computed blocks serve later ones too)."""
     pool = _pool(trace)
     if pool is None or not any(s.executed for s in trace.steps):
         return Verdict.failed(KV_LEDGER_UNRECORDED, "prefix reuse: the trace records no"
@@ -193,7 +209,9 @@ def check_prefix_reuse(trace: Trace, chunk: int | None = None) -> Verdict:
     bs = int(pool.block_size or 0)
     chunk = chunk or next((v.chunk_size for r in trace.ledger_steps() for v in r.kv
                            if v.chunk_size), None)
-    served = _serving(trace)
+    served = _serving(trace, prompts)
+    if judged is not None:
+        served = {r: s for r, s in served.items() if r in judged}
     for s in served.values():
         s.expected = block_hit(s.shared, s.prompt_len, bs) if pool.prefix_caching else 0
     problems = [(s, p) for s in sorted(served.values(), key=lambda x: (x.start or 0))

@@ -18,7 +18,11 @@ run to their end (``hil.check_tokens``), and the batch checks the geometry calls
 
 and, where blocks follow tokens one to one (a pool the harness sizes, capability
 ``harness_sized_pool``, without prefix caching), each request holds exactly the blocks its
-tokens fill (``check_blocks_follow_tokens``, as ``suites/test_no_recompute.py`` asks).
+tokens fill (``check_blocks_follow_tokens``, as ``suites/test_no_recompute.py`` asks); with
+prefix caching on, each prompt served as ``check_prefix_reuse``'s rules give, where they hold
+(``prefix_verdicts``); and where the geometry's pool is to hold a full batch, the blocks the
+engine really holds serve one (``capacity_verdicts``, as ``suites/test_capacity.py`` asks).
+The device's block count at start is judged before the run (``ExampleRunner``).
 
 A check added to the suites' step-driven runs joins here, in ``Judge.verdicts``, once.
 """
@@ -27,12 +31,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from harness.checks.boundaries import check_blocks_follow_tokens
-from harness.checks.capacity import blocks_needed
-from harness.checks.preemption import check_full_batch, check_no_preemption, check_no_recompute
-from harness.core.trace import SOURCE_VLLM_SCHEDULER, Trace
+from harness.checks.capacity import KvPool, blocks_needed, check_engine_serves_full_batch
+from harness.checks.preemption import (
+    check_full_batch,
+    check_no_preemption,
+    check_no_recompute,
+    count_preemptions,
+)
+from harness.checks.prefix_reuse import check_prefix_reuse
+from harness.core.trace import SOURCE_VLLM_SCHEDULER, KvSnapshot, Trace
 from harness.core.verdict import Verdict
 from harness.explore.example import RequestShape
 from harness.geometry.catalog import Geometry
@@ -45,6 +56,7 @@ if TYPE_CHECKING:
 
 HOLDS_BACK_ON_BLOCKS = "holds_back_on_blocks"
 HARNESS_SIZED_POOL = "harness_sized_pool"
+PREFIX_CACHING = "prefix_caching"
 
 
 def pool_holds_batch(geometry: Geometry, trace: Trace) -> bool | None:
@@ -95,6 +107,65 @@ def batch_verdicts(geometry: Geometry, requests: Sequence[RequestShape],
     return []
 
 
+def _pool(trace: Trace) -> KvSnapshot | None:
+    """The first snapshot of the pool the scheduler hands blocks out of (else the first
+    ledger with a block size), the device's KV cache size taken from any snapshot of that
+    step that reads it."""
+    for record in trace.ledger_steps():
+        sized = [s for s in record.kv if s.block_size]
+        if not sized:
+            continue
+        pool = next((s for s in sized if s.source == SOURCE_VLLM_SCHEDULER), sized[0])
+        device = next((s.device_blocks for s in record.kv if s.device_blocks is not None), None)
+        return pool if pool.device_blocks is not None or device is None \
+            else replace(pool, device_blocks=device)
+    return None
+
+
+def capacity_verdicts(geometry: Geometry, trace: Trace) -> list[Verdict]:
+    """Where the geometry's pool is to hold a full batch (a full-batch pool, on a kind whose
+    device sizes its pool the device's own count), the blocks the engine really holds do: the
+    KV cache the device allocated and the scheduler's pool (``check_engine_serves_full_batch``,
+    as ``suites/test_capacity.py`` asks). A smaller or given pool is judged by what it holds."""
+    if geometry.pool_holds_batch is not True:
+        return []
+    ledger = _pool(trace)
+    if ledger is None or not ledger.block_size:
+        return []
+    need = blocks_needed(geometry.max_model_len, geometry.max_num_seqs, ledger.block_size,
+                         len(ledger.pad_blocks))
+    pool = KvPool(num_blocks=ledger.num_blocks, block_size=ledger.block_size,
+                  pad_blocks=len(ledger.pad_blocks), source=ledger.source,
+                  device_blocks=ledger.device_blocks)
+    return [check_engine_serves_full_batch(need, pool)]
+
+
+def prefix_verdicts(geometry: Geometry, requests: Sequence[RequestShape],
+                    capabilities: Collection[str], scenario: Scenario,
+                    trace: Trace) -> list[Verdict]:
+    """With prefix caching on, each request that runs to its end is served its prompt as
+    ``check_prefix_reuse``'s rules give (the cached tokens its block-aligned shared prefix
+    gives, only the rest computed, the runner's chunk-aligned take), where those rules hold:
+    the scheduler preempted nothing (a recompute serves a prompt twice) and evicted nothing, which
+    a pool with a block for every block of every request's prompt and output guarantees (no
+    block is handed out twice, so no cached block is reused). A request the run aborts is
+    not judged, but the blocks it computed serve the others (its prompt from ``scenario``)."""
+    completing = {r.request_id for r in scenario.completing().requests}
+    if not geometry.prefix_caching or PREFIX_CACHING not in capabilities:
+        return []
+    pool = _pool(trace)
+    if pool is None or not pool.prefix_caching or not pool.block_size:
+        return []
+    taken = sum(math.ceil((r.prompt_len + r.max_tokens) / pool.block_size) for r in requests)
+    if taken > pool.num_blocks - len(pool.pad_blocks):
+        return []
+    count = count_preemptions(trace)  # the scheduler's own word: the executor's token
+    if (count.metric or 0) > 0 or count.total_by_request or count.total_by_step:
+        return []  # counts are what prompt service explains, and judges here
+    prompts = {r.request_id: r.prompt_token_ids for r in scenario.requests}
+    return [check_prefix_reuse(trace, judged=completing, prompts=prompts)]
+
+
 def boundary_verdicts(requests: Sequence[RequestShape], capabilities: Collection[str],
                       trace: Trace) -> list[Verdict]:
     """Blocks follow tokens, where they do one to one: vLLM's pool the harness sizes
@@ -126,7 +197,10 @@ class Judge:
         verdicts = [self.hil.check_ledger(trace), self.hil.check_aborts(scenario, trace)]
         if scenario.completing().requests:
             verdicts.append(self.hil.check_tokens(self.model, scenario, trace))
-        verdicts += batch_verdicts(geometry, requests, self.variant.capabilities, trace,
+        capabilities = self.variant.capabilities
+        verdicts += prefix_verdicts(geometry, requests, capabilities, scenario, trace)
+        verdicts += capacity_verdicts(geometry, trace)
+        verdicts += batch_verdicts(geometry, requests, capabilities, trace,
                                    self.holds_back_for_tkv)
-        verdicts += boundary_verdicts(requests, self.variant.capabilities, trace)
+        verdicts += boundary_verdicts(requests, capabilities, trace)
         return verdicts

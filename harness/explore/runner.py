@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from harness.checks.device_blocks import check_device_count
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.errors import (
     DeviceMismatch,
@@ -31,8 +32,8 @@ from harness.core.errors import (
     EngineStartError,
     EngineTimeout,
 )
-from harness.core.trace import Trace
-from harness.core.verdict import Verdict
+from harness.core.trace import KvSnapshot, Trace
+from harness.core.verdict import KV_LEDGER, Verdict
 from harness.engine.pool import prefix_caching_on
 from harness.explore.example import Example
 from harness.explore.judge import Judge
@@ -167,6 +168,22 @@ class ExampleRunner:
         return self.hil.engine_config(self.variant, self.model, scenario, geometry=geometry,
                                       **extra)
 
+    def missing_device_blocks(self, cfg: EngineConfig) -> Verdict | None:
+        """The ``device_blocks`` invariant at start, before any request runs: a pool larger
+        than the KV cache the device allocated hands out blocks with no memory behind them,
+        and a run would write there (vLLM's CPU runner can hang on it, and an example's
+        engine-timeout is minutes). The verdict the step-driven ledger would give at step -1,
+        or None where the pool's blocks all exist (or the device's count is not read)."""
+        pool = self.hil.kv_pool(cfg)
+        if pool.device_blocks is None or pool.num_blocks <= pool.device_blocks:
+            return None
+        snapshot = KvSnapshot(source=pool.source, num_blocks=pool.num_blocks, pad_blocks=[],
+                              free_blocks=[], owned={}, block_size=pool.block_size,
+                              device_blocks=pool.device_blocks)
+        (v,) = check_device_count(snapshot)
+        return Verdict.failed(f"{KV_LEDGER}.{v.invariant}",
+                              f"kv invariant {v.invariant} broken at start: {v.message}", at=-1)
+
     @staticmethod
     def _empty(geometry: Geometry) -> Scenario:
         return Scenario("explore-geometry", [], geometry.limits())
@@ -198,6 +215,13 @@ class ExampleRunner:
             self.hil.engines.pool.discard(cfg.key)
         try:
             with self.hil.expect_refusal():
+                missing = self.missing_device_blocks(cfg)
+                if missing is not None:
+                    known = known_failure(missing, example, self.variant.id, self.stack,
+                                          self.known)
+                    if known is None:  # its run would write KV where the device has none
+                        return Outcome(FAILED, verdicts=[missing],
+                                       seconds=time.monotonic() - t0)
                 trace = self.hil.run_steps(cfg, scenario)
         except DeviceMismatch:
             raise  # the device is not the one asked for: no example can tell anything

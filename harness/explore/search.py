@@ -73,6 +73,16 @@ class ExampleFailed(Exception):
 _FAILURE_TYPES: dict[str, type[ExampleFailed]] = {}
 
 
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    """The errors of ``error``: itself, or every error of its (nested) group (hypothesis's
+    flaky failure, a group itself, counts as one)."""
+    if isinstance(error, BaseExceptionGroup) and not isinstance(error, Flaky):
+        for e in error.exceptions:
+            yield from _leaves(e)
+    else:
+        yield error
+
+
 def failure_type(check: str) -> type[ExampleFailed]:
     """The exception class of a failure of ``check``."""
     if check not in _FAILURE_TYPES:
@@ -410,17 +420,26 @@ class Explorer:
         test._hypothesis_internal_database_key = cell_key(self.identity, geometry).encode()
         try:
             test()
-        except OutOfBudget:
-            pass
-        except WholeGeometryRefused as e:
-            return str(e)
-        except (ExampleFailed, ExceptionGroup):
-            pass  # the shrunk example of each check is the cell's latest of it
-        except Flaky:
+        except BaseException as e:  # noqa: BLE001 - sorted by _settle, the rest re-raised
+            return self._settle(e, cell)
+        return None
+
+    def _settle(self, error: BaseException, cell: _Cell) -> str | None:
+        """What the end of one geometry's hypothesis run says: why the geometry was refused,
+        or None (what was found is in ``cell``). Hypothesis ends with one error, or, when
+        several checks failed or the time ran out while it shrank one, a group of them: each
+        is settled here (a spent budget, a failed check, an unsatisfiable or flaky search),
+        and anything else, an error of the harness, goes on up."""
+        leaves = list(_leaves(error))
+        refused = next((e for e in leaves if isinstance(e, WholeGeometryRefused)), None)
+        if refused is not None and cell.first is None:
+            return str(refused)
+        if any(isinstance(e, Flaky) for e in leaves):
             cell.flaky = True
             self.tally.flaky += 1
-        except Unsatisfiable:
-            pass  # every workload refused: nothing of it ran
+        settled = (OutOfBudget, WholeGeometryRefused, ExampleFailed, Flaky, Unsatisfiable)
+        if not all(isinstance(e, settled) for e in leaves):
+            raise error
         return None
 
     def _seed_of(self, geometry: Geometry) -> int:

@@ -105,3 +105,39 @@ def test_a_shrink_cut_short_by_its_time_keeps_the_simplest_failing_example(tmp_p
     (finding,) = finder.run().findings
     assert finding.example.simplicity() == min(e.simplicity() for e in runner.runs)
     assert finding.example.simplicity() <= finding.original.simplicity()
+
+
+def two_checks(example: Example) -> str:
+    """Every example fails, one of two checks by its first prompt's parity: hypothesis
+    shrinks both, as two bugs."""
+    return "kv_ledger.conservation" if example.requests[0].prompt_len % 2 else "no_preemption"
+
+
+def test_two_checks_failing_when_the_shrink_time_runs_out_still_make_a_finding(tmp_path):
+    """Hypothesis ends a search that met two failing checks, one of them cut short by the
+    shrink time, with a group of errors (the spent budget among them): the finding is kept,
+    not lost to the group."""
+    for shrink in (2.0, 5.0, 9.0):
+        clock = itertools.count(step=1.0).__next__
+        runner = RuleRunner(two_checks)
+        finder = Explorer(runner, tmp_path / f"explore-{shrink}", ID, seed=0, budget=1e6,
+                          shrink_budget=shrink, per_geometry=8, geometry_draws=30,
+                          log=lambda line: None, clock=clock)
+        result = finder.run()
+        assert result.stopped == "a finding", (shrink, result.stopped)
+        assert result.findings[0].check in ("kv_ledger.conservation", "no_preemption")
+
+
+def test_an_error_of_the_harness_in_a_group_is_not_taken_for_a_spent_budget(tmp_path):
+    """Only the search's own ends are settled: anything else in hypothesis's group of errors
+    goes on up, as a harness error."""
+    import pytest
+
+    from harness.explore.search import OutOfBudget, _Cell
+
+    finder = explorer(tmp_path, RuleRunner(lambda e: None))
+    cell = _Cell()
+    assert finder._settle(BaseExceptionGroup("x", [OutOfBudget()]), cell) is None
+    group = BaseExceptionGroup("x", [OutOfBudget(), KeyError("bug")])
+    with pytest.raises(BaseExceptionGroup):
+        finder._settle(group, cell)
