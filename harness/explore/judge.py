@@ -59,14 +59,29 @@ HARNESS_SIZED_POOL = "harness_sized_pool"
 PREFIX_CACHING = "prefix_caching"
 
 
+def _pool(trace: Trace) -> KvSnapshot | None:
+    """The first snapshot of the pool the scheduler hands blocks out of (else the first
+    ledger with a block size), the device's KV cache size taken from any snapshot of that
+    step that reads it."""
+    for record in trace.ledger_steps():
+        sized = [s for s in record.kv if s.block_size]
+        if not sized:
+            continue
+        pool = next((s for s in sized if s.source == SOURCE_VLLM_SCHEDULER), sized[0])
+        device = next((s.device_blocks for s in record.kv if s.device_blocks is not None), None)
+        return pool if pool.device_blocks is not None or device is None \
+            else replace(pool, device_blocks=device)
+    return None
+
+
 def pool_holds_batch(geometry: Geometry, trace: Trace) -> bool | None:
     """Whether the engine's pool holds a full batch of full-length requests: the geometry's
     word where it sizes the pool, else what the engine really held (its first ledger); None
     where the trace has no ledger."""
     if geometry.pool_holds_batch is not None:
         return geometry.pool_holds_batch
-    ledger = next((s for r in trace.ledger_steps() for s in r.kv if s.block_size), None)
-    if ledger is None:
+    ledger = _pool(trace)
+    if ledger is None or not ledger.block_size:
         return None
     need = blocks_needed(geometry.max_model_len, geometry.max_num_seqs, ledger.block_size,
                          len(ledger.pad_blocks))
@@ -107,21 +122,6 @@ def batch_verdicts(geometry: Geometry, requests: Sequence[RequestShape],
     return []
 
 
-def _pool(trace: Trace) -> KvSnapshot | None:
-    """The first snapshot of the pool the scheduler hands blocks out of (else the first
-    ledger with a block size), the device's KV cache size taken from any snapshot of that
-    step that reads it."""
-    for record in trace.ledger_steps():
-        sized = [s for s in record.kv if s.block_size]
-        if not sized:
-            continue
-        pool = next((s for s in sized if s.source == SOURCE_VLLM_SCHEDULER), sized[0])
-        device = next((s.device_blocks for s in record.kv if s.device_blocks is not None), None)
-        return pool if pool.device_blocks is not None or device is None \
-            else replace(pool, device_blocks=device)
-    return None
-
-
 def capacity_verdicts(geometry: Geometry, trace: Trace) -> list[Verdict]:
     """Where the geometry's pool is to hold a full batch (a full-batch pool, on a kind whose
     device sizes its pool the device's own count), the blocks the engine really holds do: the
@@ -146,11 +146,10 @@ def prefix_verdicts(geometry: Geometry, requests: Sequence[RequestShape],
     """With prefix caching on, each request that runs to its end is served its prompt as
     ``check_prefix_reuse``'s rules give (the cached tokens its block-aligned shared prefix
     gives, only the rest computed, the runner's chunk-aligned take), where those rules hold:
-    the scheduler preempted nothing (a recompute serves a prompt twice) and evicted nothing, which
-    a pool with a block for every block of every request's prompt and output guarantees (no
-    block is handed out twice, so no cached block is reused). A request the run aborts is
+    the scheduler preempted nothing (a recompute serves a prompt twice) and evicted nothing,
+    which a pool with a block for every block of every request's prompt and output guarantees
+    (no block is handed out twice, so no cached block is reused). A request the run aborts is
     not judged, but the blocks it computed serve the others (its prompt from ``scenario``)."""
-    completing = {r.request_id for r in scenario.completing().requests}
     if not geometry.prefix_caching or PREFIX_CACHING not in capabilities:
         return []
     pool = _pool(trace)
@@ -159,9 +158,13 @@ def prefix_verdicts(geometry: Geometry, requests: Sequence[RequestShape],
     taken = sum(math.ceil((r.prompt_len + r.max_tokens) / pool.block_size) for r in requests)
     if taken > pool.num_blocks - len(pool.pad_blocks):
         return []
-    count = count_preemptions(trace)  # the scheduler's own word: the executor's token
+    # Preempted by the scheduler's own signals (its counter, per request, per step). The
+    # executor's token count is not asked: a prompt served wrongly moves it, and that is
+    # what this check is to name.
+    count = count_preemptions(trace)
     if (count.metric or 0) > 0 or count.total_by_request or count.total_by_step:
-        return []  # counts are what prompt service explains, and judges here
+        return []
+    completing = {r.request_id for r in scenario.completing().requests}
     prompts = {r.request_id: r.prompt_token_ids for r in scenario.requests}
     return [check_prefix_reuse(trace, judged=completing, prompts=prompts)]
 
