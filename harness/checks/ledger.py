@@ -28,6 +28,7 @@ from harness.checks.promises import (
     check_runner_table,
     promise_violations,
 )
+from harness.checks.ranks import check_ranks_agree
 from harness.checks.tkv import tkv_violations
 from harness.core.trace import KvSnapshot, StepRecord, Trace, is_dummy_id
 from harness.core.verdict import KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict, Violation
@@ -310,6 +311,7 @@ STEP_CHECKS = (
     check_reported_free,
     check_promises,
     check_runner_table,
+    check_ranks_agree,
 )
 
 def _at(violations: list[Violation], step: int | None) -> list[Violation]:

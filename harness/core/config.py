@@ -52,6 +52,9 @@ class EngineConfig:
     # Prefix caching on or off against what the target and mode choose (None: theirs); triage
     # turns it over to see whether a failure depends on it.
     prefix_caching: bool | None = None
+    # Ranks per engine (vLLM's tensor_parallel_size): each rank a process of its own, holding
+    # its share of every layer and its own copy of the runner's state.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         validate_engine_config(self)
@@ -72,6 +75,8 @@ class EngineConfig:
         d["extra_env"] = [list(kv) for kv in self.extra_env]
         if d["prefix_caching"] is None:  # the target's choice: keys stay as they were
             del d["prefix_caching"]
+        if d["tensor_parallel_size"] == 1:  # one rank: keys stay as they were
+            del d["tensor_parallel_size"]
         return d
 
     @property
@@ -101,6 +106,8 @@ def validate_engine_config(cfg: EngineConfig) -> None:
     (``harness/targets/<kind>/kind.py``), checked through the rules the registry adds."""
     for rule in _KIND_RULES:
         rule(cfg)
+    if cfg.tensor_parallel_size < 1:
+        raise ConfigError(f"tensor_parallel_size ({cfg.tensor_parallel_size}) must be at least 1")
     if cfg.max_model_len <= 0 or cfg.max_num_seqs <= 0:
         raise ConfigError(
             f"max_model_len ({cfg.max_model_len}) and max_num_seqs ({cfg.max_num_seqs})"

@@ -69,6 +69,7 @@ def snapshot_from_dict(d: Mapping[str, Any]) -> KvSnapshot:
         else [str(r) for r in d["predicted_batch"]],
         runner_cached=None if d.get("runner_cached") is None
         else {str(k): int(v) for k, v in d["runner_cached"].items()},
+        ranks=None if d.get("ranks") is None else [dict(r) for r in d["ranks"]],
         free_taken=_opt_ints(d.get("free_taken")),
         free_returned=_opt_ints(d.get("free_returned")),
     )

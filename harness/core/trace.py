@@ -150,6 +150,10 @@ class KvSnapshot:
     # Per request the runner holds: the prompt tokens it takes from the prefix cache (it
     # computes the rest); None where the runner does not say (harness.checks.prefix_reuse).
     runner_cached: dict[str, int] | None = None
+    # A tensor-parallel engine's ranks, in rank order: what each rank's model runner holds
+    # (``fields``: the runner's part of this snapshot, rank 0's set above; ``table``: its
+    # request block table) and its ``rank``; None for a one-rank engine (harness.checks.ranks).
+    ranks: list[dict[str, Any]] | None = None
     # Set by a delta probe (harness.in_engine.probe_delta): blocks that left and joined the
     # free list since the previous snapshot; free_blocks stays empty (the host gives the
     # snapshot a delta_view, harness.core.kv_delta) and ref_counts holds only the blocks owned

@@ -93,6 +93,25 @@ def start_timeout(target: VllmTarget, option: float | None) -> float:
     return target.start_timeout() or START_TIMEOUT
 
 
+def ranks_problem(cfg: EngineConfig, info: dict[str, Any]) -> str | None:
+    """Why the started engine does not run the ranks ``cfg`` asked for (its world size, each
+    rank answering once from a process of its own), or None. An engine reporting no ranks
+    (a stack whose engine side predates them) is not judged."""
+    want = cfg.tensor_parallel_size
+    ranks = info.get("ranks")
+    if ranks is None:
+        return None
+    numbers = [r.get("rank") for r in ranks]
+    if info.get("world_size") != want or numbers != list(range(want)):
+        return (f"asked for tensor_parallel_size {want}, but the engine runs world size"
+                f" {info.get('world_size')} with ranks {numbers} answering")
+    pids = [r.get("pid") for r in ranks]
+    if want > 1 and (len(set(pids)) != want or info.get("pid") in pids):
+        return (f"asked for {want} ranks in processes of their own, but they answered from"
+                f" processes {pids} (the engine process is {info.get('pid')})")
+    return None
+
+
 class EnginePool:
     """One live EngineHost per EngineConfig, least recently used evicted first."""
 
@@ -164,7 +183,7 @@ class EnginePool:
             self._close(key, host)
             self._failed[key] = e
             raise
-        problem = target.check_started(host.info)
+        problem = ranks_problem(cfg, host.info) or target.check_started(host.info)
         if problem:  # the engine runs, but not as this target asked (platform, cores, blocks)
             self._close(key, host)
             self._failed[key] = EngineStartError(f"{cfg.label}: {problem}")

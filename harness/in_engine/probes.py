@@ -205,13 +205,88 @@ def register_runner_reader(reader: RunnerReader) -> RunnerReader:
     return reader
 
 
+# Readers of what one rank's model runner holds for the KV ledgers, registered by the kinds'
+# probe modules beside their runner readers: each takes a runner and returns the
+# ``KvSnapshot`` fields it sets on the scheduler's snapshot (``runner_blocks``,
+# ``device_blocks``, ``runner_cached``), or None for a runner not its plugin's. Run in each
+# rank's own process (``harness.in_engine.ranks``), where a tensor-parallel engine's runners are.
+RankFactReader = Callable[[Any], "dict[str, Any] | None"]
+RANK_FACT_READERS: list[RankFactReader] = []
+# The snapshot fields a rank's facts may set.
+RANK_FIELDS = ("runner_blocks", "device_blocks", "runner_cached")
+
+
+def register_rank_fact_reader(reader: RankFactReader) -> RankFactReader:
+    if reader not in RANK_FACT_READERS:
+        RANK_FACT_READERS.append(reader)
+    return reader
+
+
+def request_block_table(runner: Any) -> dict[str, list[int]] | None:
+    """The block ids a runner's request table holds per request (vLLM's runners and the
+    plugins' keep ``requests[id].block_ids``, one list per KV cache group); None where it
+    keeps no such table."""
+    table = getattr(runner, "requests", None)
+    if not isinstance(table, dict):
+        return None
+    out: dict[str, list[int]] = {}
+    for req_id, state in list(table.items()):
+        ids = getattr(state, "block_ids", None)
+        if ids is None:
+            continue
+        if ids and isinstance(ids[0], (list, tuple)):
+            ids = [b for group in ids for b in group]
+        out[str(req_id)] = [int(b) for b in ids]
+    return out
+
+
+def rank_runner_facts(runner: Any) -> dict[str, Any]:
+    """What one rank's ``runner`` holds: the snapshot fields its kind's reader sets
+    (``fields``; vLLM's own runner: its KV cache's block count) and its request block table
+    (``table``), which every rank of an engine must hold alike."""
+    for reader in RANK_FACT_READERS:
+        found = reader(runner)
+        if found is not None:
+            fields = found
+            break
+    else:
+        fields = {"device_blocks": vllm_runner_kv_blocks(runner)}
+    return {"fields": {k: v for k, v in fields.items() if k in RANK_FIELDS},
+            "table": request_block_table(runner)}
+
+
+def _rank_executor(engine_core: Any) -> Any:
+    """The executor of a tensor-parallel engine (its ranks in processes of their own, asked
+    through ``collective_rpc``), or None where the runner is in this process."""
+    executor = getattr(engine_core, "model_executor", None)
+    if executor is None or getattr(executor, "driver_worker", None) is not None:
+        return None
+    parallel = getattr(getattr(executor, "vllm_config", None), "parallel_config", None)
+    if getattr(parallel, "world_size", 1) <= 1 or not hasattr(executor, "collective_rpc"):
+        return None
+    return executor
+
+
 def snapshot_engine(engine_core: Any, tracker: DeltaTracker | None = None) -> list[KvSnapshot]:
     """Snapshots of an in-process vLLM ``EngineCore``: the scheduler's, then what a registered
     reader finds in the plugin's scheduler and model runner
     (``model_executor.driver_worker.worker.model_runner``); where no reader claims the runner,
     the block count of vLLM's own runner's KV cache on the scheduler's. ``tracker`` (one per
-    step-driven run) lets large pools send deltas."""
+    step-driven run) lets large pools send deltas. In a tensor-parallel engine the runners are
+    in the ranks' processes: each rank is asked for its runner's facts, rank 0's are set on
+    the scheduler's snapshot as a one-rank engine's runner's would be, and every rank's are kept
+    there (``KvSnapshot.ranks``) for the ranks' agreement (harness.checks.ranks)."""
     snaps = [snapshot_vllm_scheduler(engine_core.scheduler, tracker)]
+    executor = _rank_executor(engine_core)
+    if executor is not None:
+        facts = list(executor.collective_rpc("hil_runner_facts"))
+        for reader in RUNNER_READERS:  # the scheduler's part of the plugin's ledgers
+            if reader(engine_core.scheduler, None, snaps, tracker):
+                break
+        for key, value in (facts[0]["fields"] if facts else {}).items():
+            setattr(snaps[0], key, value)
+        snaps[0].ranks = facts
+        return snaps
     runner = _model_runner(engine_core)
     for reader in RUNNER_READERS:
         if reader(engine_core.scheduler, runner, snaps, tracker):

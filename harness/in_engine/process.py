@@ -24,7 +24,7 @@ from harness.core.trace import (
     TokenStep,
     Trace,
 )
-from harness.in_engine import faults
+from harness.in_engine import faults, ranks
 from harness.in_engine import teacher_forcing as forcing
 from harness.in_engine.executed import ExecutedTokens
 from harness.in_engine.kind_modules import KindModules, engine_info, import_modules
@@ -124,16 +124,23 @@ class EngineSide:
         print(f"[hil] engine {config.get('target')} {config.get('mode') or ''} on device {device}",
               flush=True)
         import_modules(KindModules.from_config(config).probe_modules)  # the kind's ledger readers
-        faults.apply_faults(list(config.get("faults", [])), config)
+        # A tensor-parallel engine's process is none of its ranks: faults naming a rank are
+        # the ranks' own (harness.in_engine.ranks).
+        one_rank = int(config.get("tensor_parallel_size") or 1) == 1
+        faults.apply_faults(list(config.get("faults", [])), config, rank=0 if one_rank else None)
         # deferred: a heavy import, paid only where this runs
         from vllm import LLM
 
         llm_kwargs = dict(llm_kwargs)
         self.forcing_unsupported = forcing.install(llm_kwargs)
+        if int(config.get("tensor_parallel_size") or 1) > 1:
+            ranks.share_with_ranks(config)  # their faults and readers, in their processes
         self.llm = LLM(**llm_kwargs)
         self.compute_seconds = 0.0
         self._time_forward_passes()
         faults.arm()
+        if self._rank_executor() is not None:
+            ranks.arm_ranks(self._rank_executor())
 
     def _time_forward_passes(self) -> None:
         """Accumulate the time the executor spends running the model (the compute floor)."""
@@ -172,6 +179,11 @@ class EngineSide:
             # for a precision checks it got it (a silent fp32 fallback would pass its checks).
             "model_dtype": str(vcfg.model_config.dtype),
             "pid": os.getpid(),
+            # The ranks that really run the model: each answers from its own process in a
+            # tensor-parallel engine; a one-rank engine's is this process.
+            "world_size": int(vcfg.parallel_config.world_size),
+            "ranks": (ranks.rank_facts(self._rank_executor()) if self._rank_executor() is not None
+                      else [{"rank": 0, "local_rank": 0, "pid": os.getpid(), "world_size": 1}]),
             # None: teacher-forced requests run here; else why not.
             "teacher_forcing_unsupported": self.forcing_unsupported,
         }
@@ -245,8 +257,16 @@ class EngineSide:
         return self.llm.llm_engine.engine_core.engine_core
 
     def _model_runner(self) -> Any:
-        core = self._engine_core()
-        return core.model_executor.driver_worker.worker.model_runner
+        """The model runner where it is in this process (None: a tensor-parallel engine's
+        runners are in its ranks' processes, read through ``harness.in_engine.ranks``)."""
+        worker = getattr(self._engine_core().model_executor, "driver_worker", None)
+        return None if worker is None else worker.worker.model_runner
+
+    def _rank_executor(self) -> Any:
+        """The executor whose ranks run in processes of their own, or None (one rank)."""
+        if int(self.config.get("tensor_parallel_size") or 1) <= 1:
+            return None
+        return self._engine_core().model_executor
 
     def _capture_schedule(self) -> list[Any]:
         """Record every SchedulerOutput (for preempted and finished ids per step)."""
@@ -349,6 +369,13 @@ class EngineSide:
                     snap.predicted_batch = [scenario_id(k) for k in snap.predicted_batch]
                 if snap.runner_cached is not None:
                     snap.runner_cached = {scenario_id(k): v for k, v in snap.runner_cached.items()}
+                for facts in snap.ranks or ():
+                    facts["table"] = (None if facts.get("table") is None else
+                                      {scenario_id(k): v for k, v in facts["table"].items()})
+                    for key in ("runner_blocks", "runner_cached"):
+                        held = (facts.get("fields") or {}).get(key)
+                        if held is not None:
+                            facts["fields"][key] = {scenario_id(k): v for k, v in held.items()}
                 snap.dummy_ids = [scenario_id(k) for k in snap.dummy_ids]
             kind = "delta" if all(k.is_delta() for k in snaps) else "full"
             probe_cost[f"{kind}_reads"] += 1

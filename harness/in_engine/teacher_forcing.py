@@ -89,7 +89,17 @@ def _build_class() -> type:
                     row[tokens[pos]] = keep if torch.isfinite(keep) else 0.0
             return logits
 
+    # Named as a module attribute (``__getattr__`` below): pickled by reference into the ranks
+    # of a tensor-parallel engine, each of which builds it in its own process.
+    TeacherForcing.__qualname__ = "TeacherForcing"
     return TeacherForcing
+
+
+def __getattr__(name: str) -> Any:
+    """``TeacherForcing``, the module attribute a pickled reference to the class names."""
+    if name == "TeacherForcing":
+        return processor_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def install(llm_kwargs: dict[str, Any]) -> str | None:

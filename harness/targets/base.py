@@ -25,6 +25,7 @@ from harness.targets.declarations import (
     MODEL_DTYPE,
     OFFLINE_ENV,
     PRECISION_OF_DTYPE,
+    RANK_EXTENSION,
     NearTieTolerance,
     PoolGeometry,
     TargetVariant,
@@ -85,6 +86,9 @@ class VllmTarget(EngineHooks, TargetKind):
             kw["num_gpu_blocks_override"] = cfg.num_blocks_override
         if cfg.max_num_batched_tokens is not None:
             kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+        if cfg.tensor_parallel_size > 1:  # ranks in processes of their own, each told by name
+            kw.update(tensor_parallel_size=cfg.tensor_parallel_size,
+                      distributed_executor_backend="mp", worker_extension_cls=RANK_EXTENSION)
         return kw
 
     def check_request(self, prompt_len: int, max_tokens: int) -> None:

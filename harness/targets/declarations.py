@@ -5,6 +5,7 @@ with."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,46 @@ OFFLINE_ENV = {
     "VLLM_USE_V1": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+# What every rank of a tensor-parallel engine mixes into its worker (vLLM's
+# ``worker_extension_cls``): imported in each rank's own process before its model is built, it
+# installs the engine's faults there and answers the engine process's questions to its ranks.
+RANK_EXTENSION = "harness.in_engine.ranks.RankExtension"
+
+
+def cpu_rank_binding(ranks: int) -> str | None:
+    """The cores each of ``ranks`` CPU ranks binds its threads to, as vLLM's CPU worker reads
+    them (``VLLM_CPU_OMP_THREADS_BIND``: one list per rank, ``|`` between ranks): the cores this
+    process may run on, split into ``ranks`` contiguous groups of equal size. None where there
+    are fewer cores than ranks (two ranks on one core would only contend)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if ranks < 1 or len(cores) < ranks:
+        return None
+    per = len(cores) // ranks
+    groups = [cores[i * per:(i + 1) * per] for i in range(ranks)]
+    return "|".join(",".join(map(str, g)) for g in groups)
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# The stacks whose CPU engines run tensor-parallel ranks in this harness: vLLM's multiprocess
+# executor with a worker extension (``RANK_EXTENSION``), proven on them by tests/e2e.
+CPU_TP_STACKS = ("default",)
+
+
+def cpu_tensor_parallel_problem(ranks: int, stack: str) -> str | None:
+    """Why a CPU engine cannot run ``ranks`` tensor-parallel ranks on ``stack`` here (one core
+    per rank at least, a stack where the ranks are proven), or None."""
+    if stack not in CPU_TP_STACKS:
+        return (f"tensor-parallel CPU engines run on the {' and '.join(CPU_TP_STACKS)} stack,"
+                f" not on {stack}")
+    if usable_cores() < ranks:
+        return (f"TP {ranks} needs {ranks} CPU cores, one per rank; this process may use"
+                f" {usable_cores()}")
+    return None
 
 
 # What a device computes in where its kind says nothing else (vLLM loads our fp32 checkpoints).

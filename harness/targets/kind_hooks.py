@@ -171,13 +171,20 @@ class KindHooks:
                          stack: str) -> str | None:
         """Why ``variant`` cannot run in ``geometry`` (a skip quoting it), or None."""
         if geometry.tensor_parallel_size != 1:
-            return (f"{variant.id} runs one rank per engine in this harness: geometry"
-                    f" {geometry.name!r} asks for tensor_parallel_size"
-                    f" {geometry.tensor_parallel_size}")
+            problem = cls.tensor_parallel_problem(variant, geometry.tensor_parallel_size, stack)
+            if problem:
+                return f"geometry {geometry.name!r} (TP {geometry.tensor_parallel_size}): {problem}"
         if geometry.batch_tkv_limit is not None and cls.batch_tkv_limit_env is None:
             return (f"{variant.id} has no batch TKV limit: geometry {geometry.name!r} (limit"
                     f" {geometry.batch_tkv_limit}) would run as its own pool and batch alone")
         return None
+
+    @classmethod
+    def tensor_parallel_problem(cls, variant: TargetVariant, ranks: int,
+                                stack: str) -> str | None:
+        """Why an engine of ``variant`` on ``stack`` cannot run ``ranks`` tensor-parallel ranks
+        here (a skip quoting it), or None. A kind runs one rank per engine unless it says."""
+        return f"{variant.id} runs one rank per engine in this harness"
 
     @classmethod
     def geometry_overrides(cls, geometry: Geometry, stack: str) -> dict[str, Any]:
@@ -185,7 +192,7 @@ class KindHooks:
         pool (a full batch by the kind's rule, a number of full-length requests, a block count,
         or none: the device decides), prefix caching where the geometry sets it, and the batch
         TKV limit as the kind's variable (``extra_env``, which the caller joins to the
-        variant's own)."""
+        variant's own), and its ranks per engine."""
         over: dict[str, Any] = {}
         if geometry.pool == "full-batch":
             over.update(cls.full_batch_pool(geometry.max_model_len, geometry.max_num_seqs, stack))
@@ -196,6 +203,8 @@ class KindHooks:
             over["num_blocks_override"] = geometry.num_blocks
         if geometry.prefix_caching is not None:
             over["prefix_caching"] = geometry.prefix_caching
+        if geometry.tensor_parallel_size != 1:
+            over["tensor_parallel_size"] = geometry.tensor_parallel_size
         if geometry.batch_tkv_limit is not None and cls.batch_tkv_limit_env:
             over["extra_env"] = ((cls.batch_tkv_limit_env, str(geometry.batch_tkv_limit)),)
         return over

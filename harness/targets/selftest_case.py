@@ -10,6 +10,7 @@ TOKEN = "suites/test_token_equality.py"
 FREEING = "suites/test_block_freeing.py"
 NO_RECOMPUTE = "suites/test_no_recompute.py"
 CAPACITY = "suites/test_capacity.py"
+GEOMETRY = "suites/test_geometry.py"
 ONE_TOKEN_TEST = "single and not one-token"
 
 

@@ -121,6 +121,8 @@ VARIABLES: list[Variable] = [
     _internal("HIL_FAULT_STATE_DIR", "the run's fault-state folder (engine pool)"),
     _internal("HIL_CARD_ADDRESS", "the card address the on-card verification expects"),
     _internal("HIL_ALLOW_EXTERNAL_FAULTS", "set from --allow-external-faults for engines"),
+    _internal("HIL_RANK_ENGINE_CONFIG", "a tensor-parallel engine's configuration, for its ranks"),
+    _internal("HIL_RANK_ENGINE_PID", "the engine process that shared it with its ranks"),
 ]
 
 BY_VARIABLE: dict[str, Variable] = {v.name: v for v in VARIABLES}

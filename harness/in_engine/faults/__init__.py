@@ -95,7 +95,7 @@ def env_fault_specs(value: str) -> list[str]:
 
 
 # Keys every fault takes, whatever its function: where it is installed (``apply_faults``).
-GENERIC_KEYS = ("variant", "stack")
+GENERIC_KEYS = ("variant", "stack", "rank")
 
 
 def check_fault_specs(value: str, allow_external: bool = False) -> None:
@@ -115,7 +115,7 @@ def check_fault_spec(spec: str, variants: Collection[str], stacks: Collection[st
     """Raise ValueError, naming what is known, unless ``spec`` would install as written: a
     known fault (or, with ``allow_external``, an importable ``module.function``), each key one
     its function takes or a generic one (``GENERIC_KEYS``), every argument it requires given,
-    ``variant=`` one of ``variants`` and ``stack=`` one of ``stacks``. Run on the harness side
+    ``variant=`` one of ``variants``, ``stack=`` one of ``stacks`` and ``rank=`` a rank. Run on the harness side
     before any engine starts: an engine only learns of a typo by installing nothing."""
     fn, kwargs = parse_fault(spec, allow_external=allow_external)
     _check_keys(spec, fn, kwargs)
@@ -123,6 +123,10 @@ def check_fault_spec(spec: str, variants: Collection[str], stacks: Collection[st
     if variant is not None and variant not in variants:
         raise ValueError(f"fault {spec!r}: variant={variant!r} is no target variant, so the"
                          f" fault would be installed nowhere; known: {', '.join(variants)}")
+    rank = kwargs.get("rank")
+    if rank is not None and not rank.isdigit():
+        raise ValueError(f"fault {spec!r}: rank={rank!r} is no rank; give a tensor-parallel"
+                         " rank, 0 for the first")
     stack = kwargs.get("stack")
     if stack is not None and stack not in stacks:
         raise ValueError(f"fault {spec!r}: stack={stack!r} is no stack, so the fault would be"
@@ -149,17 +153,36 @@ def _check_keys(spec: str, fn: FaultFn, kwargs: dict[str, str]) -> None:
         raise ValueError(f"fault {spec!r}: {name} needs {', '.join(f'{k}=VALUE' for k in missing)}")
 
 
-def apply_faults(specs: list[str], config: dict[str, Any]) -> None:
+def apply_faults(specs: list[str], config: dict[str, Any], rank: int | None = 0,
+                 only_ranked: bool = False) -> None:
     """Install every fault in ``specs`` and in ``$HIL_FAULTS`` (separated by ";"; set per
     device in an inventory to simulate a broken card); called before vLLM starts.
     External ``module.function`` faults only with ``$HIL_ALLOW_EXTERNAL_FAULTS=1``, which
     ``--allow-external-faults`` sets. The kinds' fault modules ``config`` names are loaded
-    first, so a spec may name any kind's fault."""
+    first, so a spec may name any kind's fault.
+
+    ``rank``: the tensor-parallel rank this process is (0: a one-rank engine's process, which
+    is rank 0), or None where it is not known yet (a tensor-parallel engine's processes before
+    start: ``harness.in_engine.ranks``); a fault naming a rank (``rank=N``) is installed only
+    in that rank's process, and ``only_ranked`` installs those alone (a rank learning which
+    it is, after start)."""
     load_fault_modules(KindModules.from_config(config).fault_modules)
     allow = os.environ.get(ALLOW_EXTERNAL_ENV, "") not in ("", "0")
     env_specs = env_fault_specs(os.environ.get("HIL_FAULTS", ""))
     for spec in list(specs) + env_specs:
         fn, kwargs = parse_fault(spec, allow_external=allow)
+        # And rank=N: installed only in rank N of a tensor-parallel engine (a bug one rank has).
+        wanted = kwargs.pop("rank", None)
+        if only_ranked and wanted is None:
+            continue  # installed before the engine started
+        if wanted is not None and rank is None:
+            print(f"[hil] fault to be installed in rank {wanted} once it starts: {spec}",
+                  flush=True)
+            continue
+        if wanted is not None and int(wanted) != rank:
+            print(f"[hil] fault not installed in rank {rank} (for rank {wanted}): {spec}",
+                  flush=True)
+            continue
         # Any fault takes variant=ID (spyre-eager-cb, vllm-cpu): installed only in that
         # variant's engines, so one run can prove one fault per target.
         variant = kwargs.pop("variant", None)

@@ -26,6 +26,7 @@ from harness.targets.base import (
     TargetVariant,
     VllmTarget,
 )
+from harness.targets.declarations import cpu_tensor_parallel_problem
 from harness.targets.spyre import padding
 from harness.targets.spyre.card import (
     ALLOW_EMULATED_ENV,
@@ -200,6 +201,17 @@ class SpyreTarget(VllmTarget):
         runs = gen.name if gen is not None else "no Spyre plugin"
         return (f"{variant.id} on stack {stack} runs {runs}, whose scheduler never pauses a"
                 f" decoding request (pausing, harness/targets/spyre/generations.py)")
+
+    @classmethod
+    def tensor_parallel_problem(cls, variant: Any, ranks: int, stack: str) -> str | None:
+        """The CPU backend runs tensor-parallel ranks where the machine has a core per rank
+        (the plugin's own suite runs TP on its CPU path); a card engine holds one card, and an
+        engine of ``ranks`` cards needs a card group leased at once, which this harness does
+        not lease."""
+        if variant.backend == "sendnn":
+            return (f"{variant.id} leases one card per engine; a TP {ranks} engine needs a"
+                    f" group of {ranks} cards leased together, which this harness does not do")
+        return cpu_tensor_parallel_problem(ranks, stack)
 
     @classmethod
     def join_reservation(cls, tkv: int, prompt_len: int, max_tokens: int,

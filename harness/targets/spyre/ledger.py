@@ -48,18 +48,9 @@ def read_promises(scheduler: Any, snap: KvSnapshot) -> bool:
 def runner_block_table(runner: Any) -> dict[str, list[int]] | None:
     """The block ids a sendnn-inference 2.x runner holds per request (its own copy, which it
     pads on the left with block 0 when it builds a batch); None for other runners."""
-    table = getattr(runner, "requests", None)
-    if not isinstance(table, dict) or getattr(runner, "kv_cache_manager", None) is not None:
+    if getattr(runner, "kv_cache_manager", None) is not None:  # 1.x: the runner's own pool
         return None
-    out: dict[str, list[int]] = {}
-    for req_id, state in list(table.items()):
-        ids = getattr(state, "block_ids", None)
-        if ids is None:
-            continue
-        if ids and isinstance(ids[0], (list, tuple)):  # one list per KV cache group
-            ids = [b for group in ids for b in group]
-        out[str(req_id)] = [int(b) for b in ids]
-    return out
+    return probes.request_block_table(runner)
 
 
 def read_batch_tkv(scheduler: Any, snap: KvSnapshot) -> None:
@@ -229,6 +220,24 @@ def is_legacy_spyre_runner(runner: Any) -> bool:
         and hasattr(runner, "free_blocks")
         and hasattr(runner, "dummy_req_ids2blocks")
     )
+
+
+# The Spyre plugins' packages (harness/targets/spyre/generations.py), whose runners this reads.
+PLUGIN_MODULES = ("sendnn_inference.", "vllm_spyre.")
+
+
+@probes.register_rank_fact_reader
+def spyre_rank_facts(runner: Any) -> dict[str, Any] | None:
+    """What one rank's sendnn-inference 2.x runner holds for the ledgers (in the rank's own
+    process): the fields ``read_spyre_ledgers`` sets from a one-rank engine's runner; None for
+    vLLM's own runners and the 1.x and 0.x ones (whose pool is the runner's own)."""
+    if runner is None or not type(runner).__module__.startswith(PLUGIN_MODULES):
+        return None
+    table = runner_block_table(runner)
+    if table is None:
+        return None
+    return {"runner_blocks": table, "device_blocks": device_kv_blocks(runner),
+            "runner_cached": runner_cached_tokens(runner)}
 
 
 @probes.register_runner_reader

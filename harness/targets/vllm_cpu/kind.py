@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
 
 from harness.stacks.spec import stack_version
 from harness.targets.base import CPU_DEVICE, PoolGeometry, TargetVariant, VllmTarget
+from harness.targets.declarations import cpu_rank_binding, cpu_tensor_parallel_problem
 
 SMALL_BLOCK = 16
 WIDER_BLOCK = 32
@@ -69,10 +71,20 @@ class VllmCpuTarget(VllmTarget):
         # that a full batch of full-length requests fills it exactly.
         return cls.stack_geometry("paged", stack).engine_overrides(max_model_len, max_num_seqs)
 
+    @classmethod
+    def tensor_parallel_problem(cls, variant: TargetVariant, ranks: int,
+                                stack: str) -> str | None:
+        return cpu_tensor_parallel_problem(ranks, stack)
+
     def engine_env(self) -> dict[str, str]:
         env = super().engine_env()
         # An installed vllm-spyre would otherwise take over the platform.
         env["VLLM_PLUGINS"] = ""
+        ranks = self.cfg.tensor_parallel_size
+        binding = cpu_rank_binding(ranks) if ranks > 1 else None
+        if binding and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:  # a lab's own binding wins
+            # Each rank's threads on cores of their own (vLLM's "auto" binds by NUMA node).
+            env["VLLM_CPU_OMP_THREADS_BIND"] = binding
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
         # With enforce_eager the only torch.compile left is the sampler's logprob-rank
         # helper, which inductor builds with gcc on first use: 12 s per engine, every
