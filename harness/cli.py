@@ -46,6 +46,7 @@ from typing import Any
 from harness.calibration.command import add_calibrate_parser
 from harness.core.paths import REPO_ROOT, SUITES_DIR
 from harness.explore.command import add_explore_parser, nightly_explore
+from harness.in_engine.kind_modules import resolve
 from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
 from harness.lab.shard_plan import DURATIONS_FILE, DurationsError, load_durations
 from harness.lab_merge.lab_report import keep_durations, merge_command, source_inputs
@@ -436,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("names", nargs="*")
     add_cli_option(m, "--hil-cache-dir", "--cache-dir", default=str(ROOT / ".hil-cache"))
     m.set_defaults(func=cmd_models)
+    for k in KINDS.values():  # the kinds' own commands (the Spyre plugin's registry)
+        for ref in k.commands.values():
+            resolve(ref)(sub, ROOT)
     c = add_calibrate_parser(sub)
     add_cli_option(c, "--hil-cache-dir", "--cache-dir", default=str(ROOT / ".hil-cache"))
     _shared(c, "--reports-dir")

@@ -99,6 +99,9 @@ class KindHooks:
     # The vendor runtime distributions this kind's engines run on where a device is (not a
     # stack's pins: the host's): part of what a triage record is valid for.
     runtime_distributions: ClassVar[tuple[str, ...]] = ()
+    # ``hil`` sub-commands of this kind's own: name -> "module:function", the function adding
+    # the command's parser (``fn(subparsers, repo_root)``) to the ``hil`` command.
+    commands: ClassVar[dict[str, str]] = {}
     # The HIL_* variables this kind (its package, its stack files) reads or sets, declared with
     # the settings layer (harness.core.settings) by the kind registry.
     variables: ClassVar[tuple[Variable, ...]] = ()

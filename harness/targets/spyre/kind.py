@@ -164,6 +164,7 @@ class SpyreTarget(VllmTarget):
     selftest_module = "harness.targets.spyre.selftest_cases"
     # sendnn-inference's runner publishes its batch order to the row-corruption faults.
     runner_hooks = {BATCH_ORDER: "harness.targets.spyre.batch_order:publish_batch_order"}
+    commands = {"registry": "harness.targets.spyre.registry:add_registry_parser"}
     ledger_sources = LEDGER_SOURCES
     distributions = (("vllm-spyre", "vllm-spyre"), ("sendnn-inference", "sendnn-inference"))
     runtime_distributions = ("torch-sendnn",)
