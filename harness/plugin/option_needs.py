@@ -106,6 +106,11 @@ PYTEST_INDEPENDENT = frozenset({
 # The kinds declare a near-tie tolerance per backend (--near-tie-tol-sendnn...): independent.
 PYTEST_INDEPENDENT_PREFIXES = ("--near-tie-tol-",)
 
+def _names_folder(values: Values) -> bool:
+    """Whether ``--model`` names a model folder (not only registered model names)."""
+    return any(os.path.isdir(str(m)) for m in values.get("--model") or ())
+
+
 COMMAND_NEEDS: dict[str, tuple[Need, ...]] = {
     "report": (
         Need("--port", "--serve", lambda v: bool(v.get("--serve")),
@@ -120,6 +125,12 @@ COMMAND_NEEDS: dict[str, tuple[Need, ...]] = {
         Need("--shard-durations", "--shard", lambda v: bool(v.get("--shard")),
              "it balances the shards of --shard I/N by test durations, and this nightly is not"
              " sharded", "add --shard I/N"),
+    ),
+    "registry": tuple(
+        Need(option, "a model folder in --model", _names_folder,
+             f"it is the {what} a model folder is served at, and registered models run in"
+             " their entries' own shapes", "give --model FOLDER")
+        for option, what in (("--max-model-len", "context"), ("--max-num-seqs", "batch"))
     ),
 }
 
@@ -136,6 +147,7 @@ COMMAND_INDEPENDENT: dict[str, frozenset[str]] = {
     "models": frozenset({"--cache-dir"}),
     "calibrate": frozenset({"--model", "--precision", "--force", "--attn-scale", "--cache-dir",
                             "--reports-dir"}),
+    "registry": frozenset({"--model", "--tp", "--reports-dir"}),
     "explore": frozenset({"--target", "--model", "--stack", "--budget", "--seed",
                           "--shrink-budget", "--reports-dir", "--cache-dir", "--inject-fault",
                           "--inventory", "--engine-timeout"}),
