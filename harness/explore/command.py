@@ -58,6 +58,9 @@ def add_explore_parser(sub: argparse._SubParsersAction, root: Path) -> argparse.
     e.add_argument("--shrink-budget", type=cli_type("seconds", "--shrink-budget"),
                    default=SHRINK_BUDGET, help="seconds at most of shrinking a finding"
                    f" (default {SHRINK_BUDGET:g})")
+    e.add_argument("--tensor-parallel", type=_sizes, default=(1,), metavar="N[,N]",
+                   help="ranks per engine to draw from (default 1; e.g. 1,2: tensor-parallel"
+                   " engines too, where the target runs them)")
     add_cli_option(e, "--hil-reports-dir", "--reports-dir", default=str(root / "reports"))
     add_cli_option(e, "--hil-cache-dir", "--cache-dir", default=str(root / ".hil-cache"))
     add_cli_option(e, "--inject-fault")
@@ -67,6 +70,18 @@ def add_explore_parser(sub: argparse._SubParsersAction, root: Path) -> argparse.
                    f" {EXPLORE_TIMEOUT:g})")
     e.set_defaults(func=cmd_explore)
     return e
+
+
+def _sizes(value: str) -> tuple[int, ...]:
+    """``--tensor-parallel``'s value: positive whole numbers, comma-separated."""
+    try:
+        sizes = tuple(dict.fromkeys(int(v) for v in value.split(",") if v.strip()))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is no list of ranks per engine; give"
+                                         " positive whole numbers, e.g. 1,2")
+    return sizes
 
 
 class BadInput(ValueError):
@@ -170,7 +185,7 @@ def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         with stop, reports_lock(reports, " ".join(["hil", *sys.argv[1:]])):
             return explore(info, variants, getattr(args, "inventory", "") or "",
-                           args.engine_timeout)
+                           args.engine_timeout, args.tensor_parallel)
     except KeyboardInterrupt:
         print(f"hil explore: stopped by {signal_name(stop.signal or 2)}: no findings written",
               file=sys.stderr)
@@ -184,7 +199,8 @@ def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def explore(info: RunInfo, variants: list, inventory: str = "",
-            call_timeout: float = EXPLORE_TIMEOUT) -> int:
+            call_timeout: float = EXPLORE_TIMEOUT,
+            tensor_parallel: tuple[int, ...] = (1,)) -> int:
     """Search ``variants`` in turn with ``info``'s budget shared among them; write the
     findings; 0 nothing found, 1 a finding, 2 nothing could run."""
     # deferred: the engines' session and hypothesis, paid only where the search runs
@@ -221,7 +237,8 @@ def explore(info: RunInfo, variants: list, inventory: str = "",
         results = []
         for v in usable:
             identity = Identity(v.id, model.label, info.stack, info.faults)
-            explorer = Explorer(ExampleRunner(hil, model, v), cache_dir / CACHE_FOLDER,
+            explorer = Explorer(ExampleRunner(hil, model, v, tensor_parallel=tensor_parallel),
+                                cache_dir / CACHE_FOLDER,
                                 identity, info.seed, share, info.shrink_budget,
                                 log=lambda line: print(line, flush=True))
             result = explorer.run()

@@ -104,7 +104,8 @@ class ExampleRunner:
     """Runs examples for one target variant and model in one session."""
 
     def __init__(self, hil: HilSession, model: Model, variant: TargetVariant,
-                 known: tuple[KnownFailure, ...] = KNOWN, own_tests: bool = True) -> None:
+                 known: tuple[KnownFailure, ...] = KNOWN, own_tests: bool = True,
+                 tensor_parallel: tuple[int, ...] = (1,)) -> None:
         self.hil = hil
         # Each example is a test of its own to the session (its engine handed over clean);
         # a regression test replaying one is the session's test already.
@@ -115,6 +116,7 @@ class ExampleRunner:
         self.kind = kind(variant.target)
         self.pool_geometry = self.kind.stack_geometry(self.kind.sized_pool_geometry, self.stack)
         self.known = known
+        self.tensor_parallel = tensor_parallel
         self.judge = Judge(hil, model, variant, holds_back_for_tkv=(
             self.kind.batch_tkv_limit_env is not None and "pausing" not in variant.capabilities))
         self._config = model_config(model)
@@ -125,7 +127,23 @@ class ExampleRunner:
         """The geometries this target can be asked to serve."""
         return GeometrySpace(block_size=self.pool_geometry.block_size,
                              pad_blocks=self.pool_geometry.pad_blocks,
-                             tkv_limit=self.kind.batch_tkv_limit_env is not None)
+                             tkv_limit=self.kind.batch_tkv_limit_env is not None,
+                             tensor_parallel=self.tensor_parallel_sizes())
+
+    def tensor_parallel_sizes(self) -> tuple[int, ...]:
+        """The ranks per engine asked for (``--tensor-parallel``) that this target runs here,
+        1 first; a size it cannot run is said once and left out."""
+        sizes = [1]
+        for n in self.tensor_parallel:
+            if n == 1 or n in sizes:
+                continue
+            problem = self.kind.tensor_parallel_problem(self.variant, n, self.stack)
+            if problem:
+                print(f"hil explore: {self.variant.id}: TP {n} not searched: {problem}",
+                      flush=True)
+            else:
+                sizes.append(n)
+        return tuple(sizes)
 
     def geometry_refusal(self, geometry: Geometry) -> str | None:
         """Why this target cannot run ``geometry`` before any engine starts, or None."""

@@ -46,7 +46,8 @@ class GeometrySpace:
     """Where geometries are drawn from: ``block_size`` and ``pad_blocks`` are the KV block of
     the pools the kind sizes (block counts are drawn around what requests need of them; None:
     one block per sequence); ``tkv_limit``: the kind has a batch TKV limit;
-    ``prefix_caching``: draw it on and off."""
+    ``prefix_caching``: draw it on and off; ``tensor_parallel``: the ranks per engine drawn
+    (the first the simplest, where a finding shrinks to)."""
 
     block_size: int | None
     pad_blocks: int = 1
@@ -55,6 +56,7 @@ class GeometrySpace:
     context_lengths: tuple[int, ...] = CONTEXT_LENGTHS
     chunk_sizes: tuple[int, ...] = CHUNK_SIZES
     max_num_seqs: int = MAX_NUM_SEQS
+    tensor_parallel: tuple[int, ...] = (1,)
 
 
 def edges(steps: Iterable[int], lo: int, hi: int) -> list[int]:
@@ -105,6 +107,8 @@ def geometries(draw: st.DrawFn, space: GeometrySpace) -> Geometry:
         if limit is not None:
             values["batch_tkv_limit"] = limit
     values["prefix_caching"] = draw(st.booleans()) if space.prefix_caching else False
+    if len(space.tensor_parallel) > 1:
+        values["tensor_parallel_size"] = draw(st.sampled_from(space.tensor_parallel))
     return geometry_of(values)
 
 

@@ -86,3 +86,10 @@ def test_a_search_that_ran_no_example_is_no_all_clear(tmp_path, capsys):
     assert "no example ran (every geometry refused" in capsys.readouterr().err
     ran = Tally(examples=3, passed=3, geometries=1)
     assert report(info, [("spyre-eager-cp", SearchResult([], ran, 10.0, "spent"))], []) == 0
+
+
+def test_tensor_parallel_sizes_are_whole_positive_numbers(tmp_path, capsys):
+    for bad in ("0", "two", ","):
+        with pytest.raises(SystemExit):
+            cli.main(explore(tmp_path, "--tensor-parallel", bad))
+        assert "is no list of ranks per engine" in capsys.readouterr().err

@@ -127,3 +127,13 @@ def test_simpler_geometries_drop_the_tkv_limit_first():
             "batch_tkv_limit": 320, "prefix_caching": True} in steps
     assert {**values, "max_num_seqs": 1} in steps
     assert {**values, "max_model_len": 128} in steps
+
+
+def test_tensor_parallel_sizes_are_drawn_only_where_asked_and_shrink_to_one_rank():
+    from dataclasses import replace
+
+    assert {g.tensor_parallel_size for g in draw_geometries(SPACE, 0, 40)} == {1}
+    tp = replace(SPACE, tensor_parallel=(1, 2))
+    assert {g.tensor_parallel_size for g in draw_geometries(tp, 0, 40)} == {1, 2}
+    simplest = find(geometries(tp), lambda g: True, settings=FAST)
+    assert simplest.tensor_parallel_size == 1
