@@ -198,7 +198,9 @@ def test_a_child_past_its_grace_is_killed_with_its_group(tmp_path):
 
 def test_a_child_past_its_timeout_is_killed_with_its_group(tmp_path):
     marks = tmp_path / "marks"
-    proc = _start(marks, mode="stubborn", timeout="1")
+    # Long enough for the child and its grandchild to start on a loaded machine (the test
+    # waits for both before it looks): 1 s failed under a busy CI worker.
+    proc = _start(marks, mode="stubborn", timeout="6")
     pids = _pids(marks)
     out, err = proc.communicate(timeout=60)
     outcome = json.loads(out.splitlines()[-1])
