@@ -96,7 +96,8 @@ def start_timeout(target: VllmTarget, option: float | None) -> float:
 def ranks_problem(cfg: EngineConfig, info: dict[str, Any]) -> str | None:
     """Why the started engine does not run the ranks ``cfg`` asked for (its world size, each
     rank answering once from a process of its own), or None. An engine reporting no ranks
-    (a stack whose engine side predates them) is not judged."""
+    (ranks the harness did not start, as a Neuron inventory's own tensor_parallel_size) is not
+    judged."""
     want = cfg.tensor_parallel_size
     ranks = info.get("ranks")
     if ranks is None:

@@ -180,10 +180,11 @@ class EngineSide:
             "model_dtype": str(vcfg.model_config.dtype),
             "pid": os.getpid(),
             # The ranks that really run the model: each answers from its own process in a
-            # tensor-parallel engine; a one-rank engine's is this process.
+            # tensor-parallel engine the harness asked for; a one-rank engine's is this
+            # process; None where ranks run that the harness did not start with its extension
+            # (a lab's own engine arguments: Neuron's inventory TP), which it cannot ask.
             "world_size": int(vcfg.parallel_config.world_size),
-            "ranks": (ranks.rank_facts(self._rank_executor()) if self._rank_executor() is not None
-                      else [{"rank": 0, "local_rank": 0, "pid": os.getpid(), "world_size": 1}]),
+            "ranks": self._rank_answers(int(vcfg.parallel_config.world_size)),
             # None: teacher-forced requests run here; else why not.
             "teacher_forcing_unsupported": self.forcing_unsupported,
         }
@@ -261,6 +262,14 @@ class EngineSide:
         runners are in its ranks' processes, read through ``harness.in_engine.ranks``)."""
         worker = getattr(self._engine_core().model_executor, "driver_worker", None)
         return None if worker is None else worker.worker.model_runner
+
+    def _rank_answers(self, world_size: int) -> list[dict[str, Any]] | None:
+        """Every rank's ``hil_rank`` (see ``info``)."""
+        if self._rank_executor() is not None:
+            return ranks.rank_facts(self._rank_executor())
+        if world_size > 1:
+            return None
+        return [{"rank": 0, "local_rank": 0, "pid": os.getpid(), "world_size": 1}]
 
     def _rank_executor(self) -> Any:
         """The executor whose ranks run in processes of their own, or None (one rank)."""

@@ -168,6 +168,8 @@ def test_an_engine_running_fewer_ranks_or_ranks_in_one_process_is_refused():
     assert ranks_problem(_cfg(2), _info(2, [(0, 11), (1, 12)])) is None
     assert ranks_problem(_cfg(1), _info(1, [(0, 10)])) is None
     assert ranks_problem(_cfg(2), {"pid": 10}) is None  # an engine side that reports none
+    # Ranks a lab's own engine arguments started (Neuron's inventory TP): not asked, not judged.
+    assert ranks_problem(_cfg(1), {"pid": 10, "world_size": 2, "ranks": None}) is None
     assert ("asked for tensor_parallel_size 2, but the engine runs world size 1 with ranks [0]"
             in ranks_problem(_cfg(2), _info(1, [(0, 10)])))
     assert "answered from processes [11, 11]" in ranks_problem(_cfg(2), _info(2, [(0, 11), (1, 11)]))
