@@ -255,31 +255,20 @@ def rank_runner_facts(runner: Any) -> dict[str, Any]:
             "table": request_block_table(runner)}
 
 
-def _rank_executor(engine_core: Any) -> Any:
-    """The executor of a tensor-parallel engine (its ranks in processes of their own, asked
-    through ``collective_rpc``), or None where the runner is in this process."""
-    executor = getattr(engine_core, "model_executor", None)
-    if executor is None or getattr(executor, "driver_worker", None) is not None:
-        return None
-    parallel = getattr(getattr(executor, "vllm_config", None), "parallel_config", None)
-    if getattr(parallel, "world_size", 1) <= 1 or not hasattr(executor, "collective_rpc"):
-        return None
-    return executor
-
-
-def snapshot_engine(engine_core: Any, tracker: DeltaTracker | None = None) -> list[KvSnapshot]:
+def snapshot_engine(engine_core: Any, tracker: DeltaTracker | None = None,
+                    rank_executor: Any = None) -> list[KvSnapshot]:
     """Snapshots of an in-process vLLM ``EngineCore``: the scheduler's, then what a registered
     reader finds in the plugin's scheduler and model runner
     (``model_executor.driver_worker.worker.model_runner``); where no reader claims the runner,
     the block count of vLLM's own runner's KV cache on the scheduler's. ``tracker`` (one per
-    step-driven run) lets large pools send deltas. In a tensor-parallel engine the runners are
+    step-driven run) lets large pools send deltas. In a tensor-parallel engine the harness
+    started with its rank extension (``rank_executor``: the engine's executor) the runners are
     in the ranks' processes: each rank is asked for its runner's facts, rank 0's are set on
     the scheduler's snapshot as a one-rank engine's runner's would be, and every rank's are kept
     there (``KvSnapshot.ranks``) for the ranks' agreement (harness.checks.ranks)."""
     snaps = [snapshot_vllm_scheduler(engine_core.scheduler, tracker)]
-    executor = _rank_executor(engine_core)
-    if executor is not None:
-        facts = list(executor.collective_rpc("hil_runner_facts"))
+    if rank_executor is not None:
+        facts = list(rank_executor.collective_rpc("hil_runner_facts"))
         for reader in RUNNER_READERS:  # the scheduler's part of the plugin's ledgers
             if reader(engine_core.scheduler, None, snaps, tracker):
                 break

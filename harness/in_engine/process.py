@@ -133,7 +133,7 @@ class EngineSide:
 
         llm_kwargs = dict(llm_kwargs)
         self.forcing_unsupported = forcing.install(llm_kwargs)
-        if int(config.get("tensor_parallel_size") or 1) > 1:
+        if not one_rank:
             ranks.share_with_ranks(config)  # their faults and readers, in their processes
         self.llm = LLM(**llm_kwargs)
         self.compute_seconds = 0.0
@@ -272,7 +272,9 @@ class EngineSide:
         return [{"rank": 0, "local_rank": 0, "pid": os.getpid(), "world_size": 1}]
 
     def _rank_executor(self) -> Any:
-        """The executor whose ranks run in processes of their own, or None (one rank)."""
+        """The executor whose ranks run in processes of their own with the harness's rank
+        extension (the engine was asked for more than one rank: ``VllmTarget.llm_kwargs``), or
+        None."""
         if int(self.config.get("tensor_parallel_size") or 1) <= 1:
             return None
         return self._engine_core().model_executor
@@ -318,7 +320,7 @@ class EngineSide:
     def snapshots(self, tracker: Any = None) -> list[KvSnapshot]:
         """The KV ledgers of this engine right now (scheduler, and runner where it has one);
         with a ``DeltaTracker``, large pools may answer with deltas."""
-        return snapshot_engine(self._engine_core(), tracker)
+        return snapshot_engine(self._engine_core(), tracker, self._rank_executor())
 
     def kv_snapshot(self, _payload: Any = None) -> list[dict[str, Any]]:
         """``snapshots()`` for the host."""

@@ -39,7 +39,7 @@ def cpu_rank_binding(ranks: int) -> str | None:
     them (``VLLM_CPU_OMP_THREADS_BIND``: one list per rank, ``|`` between ranks): the cores this
     process may run on, split into ``ranks`` contiguous groups of equal size. None where there
     are fewer cores than ranks (two ranks on one core would only contend)."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cores = _cores()
     if ranks < 1 or len(cores) < ranks:
         return None
     per = len(cores) // ranks
@@ -47,9 +47,16 @@ def cpu_rank_binding(ranks: int) -> str | None:
     return "|".join(",".join(map(str, g)) for g in groups)
 
 
+def _cores() -> list[int]:
+    """The cores this process may run on (all of them where the platform cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def usable_cores() -> int:
     """How many cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return len(_cores())
 
 
 # The stacks whose CPU engines run tensor-parallel ranks in this harness: vLLM's multiprocess

@@ -107,3 +107,24 @@ def test_snapshot_engine_without_a_plugin_reader_is_the_scheduler_alone() -> Non
     snaps = snapshot_engine(engine_core(sched, SimpleNamespace(requests={})))
     assert [s.source for s in snaps] == [SOURCE_VLLM_SCHEDULER]
     assert check_step(snaps[0], 0) + check_idle_all_free(snaps[0]) == []
+
+
+def test_a_tensor_parallel_engine_reads_each_rank_and_sets_rank_0s_part() -> None:
+    """Where the harness started the ranks (its executor given), the runners are asked through
+    the executor, rank 0's fields stand on the scheduler's snapshot and every rank's are kept;
+    the runner in this process is not read."""
+    pool = fake_pool(4, {})
+    sched = fake_vllm_scheduler(pool, fake_manager(pool, {}, 256))
+    answers = [{"rank": r, "fields": {"device_blocks": 4}, "table": {}} for r in (0, 1)]
+    asked: list[str] = []
+
+    class Executor:
+        def collective_rpc(self, method: str) -> list[dict]:
+            asked.append(method)
+            return answers
+
+    (snap,) = snapshot_engine(engine_core(sched, None), rank_executor=Executor())
+    assert asked == ["hil_runner_facts"]
+    assert snap.device_blocks == 4 and snap.ranks == answers
+    (one,) = snapshot_engine(engine_core(sched, SimpleNamespace(requests={})))
+    assert one.ranks is None
