@@ -47,7 +47,7 @@ from harness.calibration.command import add_calibrate_parser
 from harness.core.paths import REPO_ROOT, SUITES_DIR
 from harness.explore.command import add_explore_parser, nightly_explore
 from harness.in_engine.kind_modules import resolve
-from harness.lab.inventory import InventoryError, discover_inventory, load_inventory
+from harness.lab.inventory import Inventory, InventoryError, discover_inventory, load_inventory
 from harness.lab.shard_plan import DURATIONS_FILE, DurationsError, load_durations
 from harness.lab_merge.lab_report import keep_durations, merge_command, source_inputs
 from harness.plugin.option_needs import (
@@ -304,6 +304,7 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
         for d in inv.devices:
             state = "usable" if d.usable else f"UNUSABLE: {d.why_unusable()}"
             print(f"  {d.id}: {d.kind} {d.backend or ''} {state}")
+        _print_groups(inv)
         return _print_stacks(inv)
     root = Path(args.root)
     scans = [dk.discover(root) for dk in device_kinds().values() if dk.discover is not None]
@@ -325,6 +326,20 @@ def cmd_devices(args: argparse.Namespace, extra: list[str]) -> int:
             print(line)
 
     return _print_stacks(discover_inventory(root))
+
+
+def _print_groups(inv: Inventory) -> None:
+    """The groups a tensor-parallel engine leases: declared, else formed from free devices."""
+    if inv.groups:
+        print("groups (a tensor-parallel engine leases one whole; rank i on its i-th device):")
+        for g in inv.groups:
+            state = "usable" if g.usable else f"UNUSABLE: {g.why_unusable()}"
+            print(f"  {g.id}: TP {len(g.members)} on {', '.join(g.cards)} {state}")
+        return
+    leased = [d for d in inv.devices if d.leased and d.usable]
+    if len(leased) > 1:
+        print(f"groups: none declared; an engine of N ranks leases the first N free devices"
+              f" that serve it, in address order (up to {len(leased)} here)")
 
 
 def _print_stacks(inv: object) -> int:

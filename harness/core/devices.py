@@ -102,6 +102,9 @@ def rw_problem(path: Path) -> str | None:
     return None
 
 
+CARDS_ENV = "HIL_DEVICE_CARDS"  # set in a group lease's engines: its devices, in rank order
+
+
 @dataclass(frozen=True)
 class InventoryDevice:
     id: str
@@ -113,12 +116,25 @@ class InventoryDevice:
     env: tuple[tuple[str, str], ...] = ()
     present: bool = True
     detail: str = ""
+    # A group of devices one tensor-parallel engine holds at once, in rank order (rank i on
+    # members[i]); () for a single device. A group's id, kind, backend and features are its
+    # members' in common; its env is theirs without each one's address variable.
+    members: tuple[InventoryDevice, ...] = ()
+
+    @property
+    def cards(self) -> tuple[str, ...]:
+        """The ids of the devices it holds: its members', or its own."""
+        return tuple(m.id for m in self.members) or (self.id,)
 
     @property
     def usable(self) -> bool:
+        if self.members:
+            return all(m.usable for m in self.members)
         return self.present and self.health == "ok"
 
     def why_unusable(self) -> str:
+        if self.members:
+            return "; ".join(m.why_unusable() for m in self.members if not m.usable)
         if not self.present:
             return f"device {self.id} ({self.kind}) is listed but absent: {self.detail}"
         return f"device {self.id} ({self.kind}) has health {self.health!r} in the inventory"

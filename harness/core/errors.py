@@ -23,6 +23,27 @@ class EngineStartError(EngineError):
 class EngineRefused(EngineStartError):
     """The engine raised during start (it refused its configuration); its process was alive."""
 
+    def __init__(self, message: str, log_tail: str = "", error_type: str = "") -> None:
+        super().__init__(message, log_tail)
+        self.error_type = error_type  # the exception's class name, as the engine raised it
+
+    @property
+    def defect(self) -> bool:
+        """A programming error raised at start (a TypeError in a configurator): a defect of
+        the stack, never a refusal of the configuration a test may expect."""
+        return self.error_type in PROGRAMMING_ERRORS
+
+
+class EngineStartDefect(EngineStartError):
+    """A programming error raised at start where a refusal was allowed: a defect to report."""
+
+
+# Exceptions no configuration check raises: code that is broken, whatever it was given.
+PROGRAMMING_ERRORS = frozenset({
+    "TypeError", "AttributeError", "NameError", "UnboundLocalError", "KeyError", "IndexError",
+    "ImportError", "ModuleNotFoundError", "AssertionError", "ZeroDivisionError",
+    "RecursionError", "SyntaxError"})
+
 
 class EngineCrashed(EngineError):
     """The engine process died during a call."""

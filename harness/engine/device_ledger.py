@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.devices import CARDS_ENV
+
 
 @dataclass
 class DeviceLedger:
@@ -30,6 +32,9 @@ class DeviceLedger:
         (``triage``: a fresh engine of a failed test's configuration, harness.triage)."""
         event = {"event": "start" if ok else "refused", "device": cfg.device,
                  "config": cfg.label, "key": cfg.key, "time": time.time()}
+        cards = dict(getattr(cfg, "extra_env", ())).get(CARDS_ENV)  # none: one device
+        if cards:  # a group: the engine holds each of its devices
+            event["cards"] = cards.split(",")
         if purpose:
             event["purpose"] = purpose
         self.events.append(event)
@@ -60,19 +65,24 @@ def ledger_problems(events: list[dict[str, Any]]) -> list[str]:
     """What breaks one-engine-per-device in a ledger's events (merged from every worker): two
     live engines on one device at a moment, or a configuration started twice on one device."""
     problems: list[str] = []
-    live: dict[str, set[str]] = {}
+    live: dict[str, set[str]] = {}  # card -> live engine keys
+    cards_of: dict[str, list[str]] = {}  # engine key -> the cards it holds
     starts: dict[tuple[str, str], int] = {}
     for e in sorted(events, key=lambda e: e["time"]):
         dev = e["device"]
         if e["event"] in ("start", "refused") and not (e.get("replacement") or e.get("purpose")):
             starts[(dev, e["key"])] = starts.get((dev, e["key"]), 0) + 1
         if e["event"] == "start":
-            held = live.setdefault(dev, set())
-            if held:
-                problems.append(f"{dev}: {e['config']} started while {sorted(held)} still live")
-            held.add(e["key"])
+            cards = cards_of[e["key"]] = list(e.get("cards") or [dev])
+            for card in cards:
+                held = live.setdefault(card, set())
+                if held:
+                    where = dev if card == dev else f"{dev} (card {card})"
+                    problems.append(f"{where}: {e['config']} started while {sorted(held)} still live")
+                held.add(e["key"])
         elif e["event"] == "close":
-            live.get(dev, set()).discard(e["key"])
+            for card in cards_of.get(e["key"], [dev]):
+                live.get(card, set()).discard(e["key"])
     problems += [f"{dev}: configuration {key} started {n} times" for (dev, key), n in starts.items()
                  if n > 1]
     return problems

@@ -193,7 +193,7 @@ class EngineHost:
                 f"engine {self.cfg.label} failed to start with model {self.cfg.model}:"
                 f" {result['type']}: {result['message']} (check that the folder loads with"
                 f" transformers and that {self.cfg.target} supports its architecture)",
-                result.get("traceback", ""),
+                result.get("traceback", ""), error_type=str(result.get("type", "")),
             )
         raise EngineRequestError(
             f"engine {self.cfg.label} raised {result['type']}: {result['message']}",

@@ -218,6 +218,11 @@ class EnginePool:
         if not self.settings.engine_reuse:
             self.discard(cfg.key)
 
+    def discard_device(self, device: str) -> None:
+        """Stop every live engine on ``device`` (a lease of it is about to be let go)."""
+        for key in [k for k, h in self._live.items() if h.cfg.device == device]:
+            self.discard(key)
+
     def discard(self, key: str) -> None:
         host = self._live.pop(key, None)
         if host is not None:

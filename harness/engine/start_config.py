@@ -37,6 +37,8 @@ def kind_modules(target: str) -> KindModules:
         probe_modules=tuple(k.probe_modules),
         engine_info=engine_info_ref(k),
         runner_hooks=dict(k.runner_hooks),
+        rank_env_prefixes=((*k.device.group_env_prefixes, "RANK")
+                           if k.device.group_env_prefixes else ()),
     )
 
 

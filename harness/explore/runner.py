@@ -29,6 +29,7 @@ from harness.core.errors import (
     EngineError,
     EngineRefused,
     EngineRequestError,
+    EngineStartDefect,
     EngineStartError,
     EngineTimeout,
 )
@@ -138,6 +139,10 @@ class ExampleRunner:
             if n == 1 or n in sizes:
                 continue
             problem = self.kind.tensor_parallel_problem(self.variant, n, self.stack)
+            if problem is None and self.variant.device:
+                problem = (f"the search holds the one device {self.variant.device} it leased;"
+                           " a group of devices per engine is leased by the suites"
+                           " (--geometry with a tensor_parallel_size)")
             if problem:
                 print(f"hil explore: {self.variant.id}: TP {n} not searched: {problem}",
                       flush=True)
@@ -243,6 +248,9 @@ class ExampleRunner:
                 trace = self.hil.run_steps(cfg, scenario)
         except DeviceMismatch:
             raise  # the device is not the one asked for: no example can tell anything
+        except EngineStartDefect as e:  # a TypeError at start: found, not a refusal
+            failed = Verdict.failed(ENGINE_ERROR, first_line(e), details=str(e))
+            return Outcome(FAILED, verdicts=[failed], seconds=time.monotonic() - t0, error=e)
         except (EngineRefused, ConfigError) as e:
             return Outcome(REJECTED, f"the engine refused it at start: {first_line(e)}",
                            whole_geometry=True, seconds=time.monotonic() - t0)

@@ -10,7 +10,7 @@ target's kind's (``KindHooks.geometry_overrides``); this module knows no kind.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +40,12 @@ KEYS: dict[str, tuple[type, bool, str]] = {
     "prefix_caching": (bool, False, "prefix caching on or off (unset: the variant decides)"),
     "tensor_parallel_size": (int, False, "ranks per engine"),
 }
-# A lab's own geometry (its inventory's [geometry.NAME]) may say which models it is for.
-LAB_KEYS = ("models",)
+# A lab's own geometry (its inventory's [geometry.NAME]) may say which models it is for, and
+# take its shape from a device's registry entry (``from_registry``: the entry's name; its
+# values for the keys it sets, the geometry's own keys choosing among the entry's shapes).
+LAB_KEYS = ("models", "from_registry")
+# The keys a registry entry's shape gives (a geometry table may give them too, to choose).
+ENTRY_KEYS = ("max_model_len", "max_num_seqs", "tensor_parallel_size", "batch_tkv_limit", "pool")
 
 
 class GeometryError(ConfigError):
@@ -170,15 +174,47 @@ def load_geometries(path: Path = GEOMETRIES_FILE) -> dict[str, Geometry]:
     return {name: parse_geometry(name, table, source) for name, table in tables.items()}
 
 
+# Resolves ``from_registry``: (entry name, the table's choosing keys) -> the entry's values
+# for ENTRY_KEYS; raises ConfigError naming what is missing or ambiguous.
+EntryResolver = Callable[[str, Mapping[str, Any]], Mapping[str, Any]]
+
+
+def _from_registry(name: str, table: Mapping[str, Any], source: str,
+                   resolve: EntryResolver | None) -> dict[str, Any]:
+    """``table`` with the shape of its registry entry filled in (``from_registry``)."""
+    entry = table["from_registry"]
+    where = f"{source}: geometry {name!r}"
+    if not isinstance(entry, str) or not entry:
+        raise GeometryError(f"{where}: from_registry = {entry!r} must be a registry entry's name")
+    if resolve is None:
+        raise GeometryError(f"{where}: from_registry: no installed kind reads a model registry")
+    given = [k for k in (*POOL_KEYS, "batch_tkv_limit") if k in table]
+    if given:
+        raise GeometryError(f"{where}: {', '.join(given)} with from_registry: the entry gives the"
+                            " pool (the device's, sized by the entry) and the batch TKV limit;"
+                            f" leave {' and '.join(given)} out")
+    try:
+        shape = dict(resolve(entry, {k: v for k, v in table.items() if k in ENTRY_KEYS}))
+    except ConfigError as e:
+        raise GeometryError(f"{where}: from_registry = {entry!r}: {e}") from None
+    out = {k: v for k, v in table.items() if k != "from_registry"}
+    out.update(shape)
+    out.setdefault("description", f"the shape registry entry {entry} is served at")
+    return out
+
+
 def add_lab_geometries(known: Mapping[str, Geometry], tables: Mapping[str, Any],
-                       source: str) -> dict[str, Geometry]:
+                       source: str, resolve: EntryResolver | None = None) -> dict[str, Geometry]:
     """``known`` and a lab's own geometries (an inventory's ``geometry`` tables); a lab
-    geometry may not take a shipped one's name."""
+    geometry may not take a shipped one's name; one with ``from_registry`` takes its shape
+    from that registry entry (``resolve``)."""
     out = dict(known)
     for name, table in tables.items():
         if name in known:
             raise GeometryError(f"{source}: geometry {name!r} is a name the harness ships"
                                 f" (fixtures/geometries.toml); give the lab's its own name")
+        if isinstance(table, Mapping) and "from_registry" in table:
+            table = _from_registry(name, table, source, resolve)
         out[name] = parse_geometry(name, table, source, lab=True)
     return out
 

@@ -14,6 +14,7 @@ engines will import by name, so that it imports them once for all of them. Nothi
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,13 +40,17 @@ class KindModules:
     probe_modules: tuple[str, ...] = ()
     engine_info: str | None = None  # "module:attribute.path", called with no arguments
     runner_hooks: Mapping[str, str] = field(default_factory=dict)  # hook -> "module:function"
+    # Variables (prefixes) each tensor-parallel rank reports from its own process (the device
+    # it opens: harness.in_engine.ranks).
+    rank_env_prefixes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The plain form sent in the engine's configuration."""
         return {"fault_modules": list(self.fault_modules),
                 "probe_modules": list(self.probe_modules),
                 "engine_info": self.engine_info,
-                "runner_hooks": dict(self.runner_hooks)}
+                "runner_hooks": dict(self.runner_hooks),
+                "rank_env_prefixes": list(self.rank_env_prefixes)}
 
     def module_names(self) -> tuple[str, ...]:
         """Every module these names import, each once."""
@@ -61,7 +66,8 @@ class KindModules:
         return cls(fault_modules=tuple(d.get("fault_modules") or ()),
                    probe_modules=tuple(d.get("probe_modules") or ()),
                    engine_info=d.get("engine_info") or None,
-                   runner_hooks=dict(d.get("runner_hooks") or {}))
+                   runner_hooks=dict(d.get("runner_hooks") or {}),
+                   rank_env_prefixes=tuple(d.get("rank_env_prefixes") or ()))
 
 
 def import_modules(names: Iterable[str]) -> None:
@@ -81,11 +87,16 @@ def resolve(ref: str) -> Any:
     return obj
 
 
-def engine_info(config: Mapping[str, Any]) -> dict[str, Any]:
+def engine_info(config: Mapping[str, Any], vllm_config: Any = None) -> dict[str, Any]:
     """The kind's own facts about this engine, from the function its configuration names
-    (none where it names none)."""
+    (none where it names none); a function that takes an argument gets the engine's vLLM
+    configuration."""
     ref = KindModules.from_config(config).engine_info
-    return dict(resolve(ref)()) if ref else {}
+    if not ref:
+        return {}
+    fn = resolve(ref)
+    takes_config = bool(inspect.signature(fn).parameters)
+    return dict(fn(vllm_config) if takes_config else fn())
 
 
 def runner_hook(config: Mapping[str, Any], name: str) -> Callable[..., Any] | None:

@@ -200,7 +200,7 @@ class EngineSide:
                 info["kv_device_blocks"] = real[-1].device_blocks
         except Exception as e:  # the ledger is optional for serving; say why it is absent
             info["kv_error"] = repr(e)
-        info.update(engine_info(self.config))  # the kind's own facts, by the name it sent
+        info.update(engine_info(self.config, vcfg))  # the kind's own facts, by the name it sent
         return info
 
     def generate(self, payload: dict[str, Any]) -> dict[str, Any]:

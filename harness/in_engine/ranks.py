@@ -66,10 +66,15 @@ class RankExtension:
     def hil_rank(self) -> dict[str, Any]:
         """Who this rank is: its rank, local rank, process and the world it belongs to."""
         world = getattr(getattr(self, "parallel_config", None), "world_size", None)
+        config = _engine_config()
+        prefixes = tuple(KindModules.from_config(config).rank_env_prefixes) if config else ()
         return {"rank": int(getattr(self, "rank", -1)),
                 "local_rank": int(getattr(self, "local_rank", -1)),
                 "pid": os.getpid(),
-                "world_size": None if world is None else int(world)}
+                "world_size": None if world is None else int(world),
+                # what this rank's runtime reads to pick its device (its kind's variables)
+                "env": {k: v for k, v in sorted(os.environ.items())
+                        if prefixes and k.startswith(prefixes)}}
 
     def hil_runner_facts(self) -> dict[str, Any]:
         """What this rank's model runner holds for the KV ledgers (``rank_runner_facts``)."""

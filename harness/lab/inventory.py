@@ -14,6 +14,16 @@ An inventory file (TOML or YAML) overrides discovery. Schema, one entry per devi
     engine = { tensor_parallel_size = 2, override_neuron_config = { ... } }
                                  # neuron only: engine settings (harness/targets/neuron/config.py)
 
+and, optionally, the groups of devices a tensor-parallel engine leases together:
+
+    [[group]]
+    id = "quad0"
+    devices = ["card0", "card1", "card2", "card3"]   # rank i runs on devices[i]
+
+A group's devices are of one kind and backend, all listed above and all on this host (a group
+that cannot be formed is refused when the file is read). Without groups for a size, an engine of
+N ranks leases the first N free devices that serve it, in address order.
+
 A device listed with an ``address`` that is not there is kept, marked absent,
 so tests that need it skip (or fail under --require-device) saying so.
 """
@@ -43,11 +53,19 @@ class InventoryError(ValueError):
 class Inventory:
     devices: list[InventoryDevice] = field(default_factory=list)
     source: str = "discovery"
+    groups: list[InventoryDevice] = field(default_factory=list)  # declared ([[group]])
 
     def serving(self, target: str, backend: str | None, mode: str | None) -> list[InventoryDevice]:
         """The devices an engine of this kind, backend and mode runs on (the kind decides)."""
         k = targets.kind(target)
         return [d for d in self.devices if k.serves(d, backend, mode)]
+
+    def serving_groups(self, target: str, backend: str | None, mode: str | None,
+                       size: int) -> list[InventoryDevice]:
+        """The declared groups of ``size`` devices whose every device serves this kind."""
+        k = targets.kind(target)
+        return [g for g in self.groups if len(g.members) == size
+                and all(k.serves(m, backend, mode) for m in g.members)]
 
     def kinds(self) -> list[str]:
         return sorted({d.kind for d in self.devices})
@@ -78,6 +96,7 @@ def _parse(path: Path) -> tuple[dict[str, Any], str]:
 # an inventory env setting one is refused, naming it and why.
 HARNESS_ENV = (
     ("HIL_DEVICE_ID", "the lease sets it to the leased device's id"),
+    ("HIL_DEVICE_CARDS", "a group lease sets it to the group's devices"),
     ("HIL_ENGINE_AUTHKEY", "the engine host sets each engine's connection key"),
     ("HIL_FORKSERVER_AUTHKEY", "the fork server sets its connection key"),
     ("HIL_FAULT_STATE_DIR", "the engine pool gives each pytest process its own folder"),
@@ -134,6 +153,67 @@ def _kind_env(e: dict[str, Any], env: dict[str, str], dk: DeviceKind, where: str
     except ConfigError as err:
         raise InventoryError(str(err)) from None
     return env
+
+
+def device_group(group_id: str, members: list[InventoryDevice]) -> InventoryDevice:
+    """The group of ``members`` (rank i on members[i]) as one leasable device: their kind,
+    backend and common features, their env without each one's address variable (rank 0's;
+    the kind sets every rank's from the members). Raises ValueError saying why they cannot
+    form one group."""
+    kinds = {(m.kind, m.backend) for m in members}
+    if len(kinds) != 1:
+        named = ", ".join(f"{m.id}: {m.kind} {m.backend or '-'}" for m in members)
+        raise ValueError(f"group {group_id!r}: its devices are of different kinds or backends"
+                         f" ({named})")
+    kind, backend = kinds.pop()
+    dk = targets.device_kinds()[kind]
+    env: dict[str, str] = {}
+    for m in members:
+        for k, v in m.env:
+            if k == dk.address_env or k.startswith(dk.group_env_prefixes):
+                continue
+            if k in env and env[k] != v:
+                raise ValueError(f"group {group_id!r}: env {k} is {env[k]!r} on one device and"
+                                 f" {v!r} on {m.id}; one engine runs on all of them: set it once")
+            env[k] = v
+    feature_sets = [set(m.features) for m in members if m.features]
+    features = tuple(sorted(set.intersection(*feature_sets))) if feature_sets else ()
+    if feature_sets and not features:
+        raise ValueError(f"group {group_id!r}: its devices have no mode (features) in common")
+    return InventoryDevice(
+        id=group_id, kind=kind, backend=backend, features=features,
+        env=tuple(sorted(env.items())), members=tuple(members),
+        detail=f"group of {len(members)}: {', '.join(m.id for m in members)}")
+
+
+def _groups(entries: Any, devices: list[InventoryDevice], path: Path) -> list[InventoryDevice]:
+    """The declared groups, each checked: a new id, known leased devices, all present."""
+    by_id = {d.id: d for d in devices}
+    groups: list[InventoryDevice] = []
+    taken: set[str] = set(by_id)
+    for n, e in enumerate(entries or [], 1):
+        where = f"{path}: group #{n} ({e['id']!r})"
+        if e["id"] in taken:
+            raise InventoryError(f"{where}: id already names a device or a group; give the group"
+                                 " an id of its own")
+        taken.add(e["id"])
+        unknown = [i for i in e["devices"] if i not in by_id]
+        if unknown:
+            raise InventoryError(f"{where}: device {unknown[0]!r} is not listed under [[device]]"
+                                 f" (listed: {', '.join(by_id)})")
+        members = [by_id[i] for i in e["devices"]]
+        if unleased := [m.id for m in members if not m.leased]:
+            raise InventoryError(f"{where}: {unleased[0]} is not a leased device ({by_id[unleased[0]].kind}):"
+                                 " a group holds devices a lease gives one engine")
+        if absent := [m for m in members if not m.present]:
+            raise InventoryError(
+                f"{where}: {absent[0].id} is not on this host ({absent[0].detail}): a"
+                " tensor-parallel group's devices must all be on the host that runs its engine")
+        try:
+            groups.append(device_group(e["id"], members))
+        except ValueError as err:
+            raise InventoryError(f"{path}: {err}") from None
+    return groups
 
 
 def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bool = False) -> Inventory:
@@ -209,7 +289,8 @@ def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bo
             env=tuple(sorted(env.items())),
             present=present, detail=detail,
         ))
-    return Inventory(devices=devices, source=str(path))
+    return Inventory(devices=devices, source=str(path),
+                     groups=_groups(data.get("group"), devices, path))
 
 
 def discover_inventory(root: Path = Path("/")) -> Inventory:

@@ -49,6 +49,21 @@ INVENTORY_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        # Groups of devices a tensor-parallel engine leases together ([[group]] in TOML): rank
+        # i on devices[i]; checked against the devices by harness.lab.inventory.
+        "group": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["id", "devices"],
+                "properties": {
+                    "id": {"type": "string", "pattern": DEVICE_ID_PATTERN},
+                    "devices": {"type": "array", "minItems": 2, "uniqueItems": True,
+                                "items": {"type": "string", "pattern": DEVICE_ID_PATTERN}},
+                },
+            },
+        },
         # A lab's own geometries ([geometry.NAME] in TOML), each checked key by key by
         # harness.geometry.catalog.parse_geometry when --geometry reads them.
         "geometry": {

@@ -64,7 +64,7 @@ from harness.report.triage_report import (
     JSON_ATTACHMENT,
     description_with_triage,
 )
-from harness.targets import logprob_policy
+from harness.targets import kind_of_label, logprob_policy
 
 log = logging.getLogger("harness.report")
 
@@ -166,6 +166,19 @@ def _device_of(item: pytest.Item, evidence: CallEvidence | None) -> str:
     if getattr(config, "device", None):
         return str(config.device)
     return device_instance(variant, evidence.first_trace_info(), config)
+
+
+def _add_engine_params(evidence: CallEvidence) -> None:
+    """What each engine of the test configured itself with, as its kind reports it (a card
+    engine's registry entry), once per name."""
+    seen: dict[str, str] = {}
+    for run in evidence.runs:
+        if run.trace is not None:
+            for name, value in kind_of_label(run.trace.target).report_parameters(
+                    dict(run.trace.info or {})).items():
+                seen.setdefault(name, value)
+    for name, value in seen.items():
+        allure.dynamic.parameter(name, value)
 
 
 def _emit_step(step: StepInfo) -> None:
@@ -381,6 +394,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             if scenario is not None:
                 for p in scenario_params(scenario, config):
                     _add_param(p)
+            _add_engine_params(evidence)
             for run in evidence.runs:
                 if run.scenario is not None:
                     _emit_step(run_steps_of(run))

@@ -82,9 +82,12 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
     try:
         yield session
     finally:
-        session.write_stats(_worker_id(pytestconfig), file_warnings(pytestconfig))
-        save_record(cache_dir, session.test_configs)
-        session.close()
+        try:  # the device ledger records each engine's stop before the statistics carry it
+            session.stop_engines()
+        finally:
+            session.write_stats(_worker_id(pytestconfig), file_warnings(pytestconfig))
+            save_record(cache_dir, session.test_configs)
+            session.close()
 
 
 @pytest.fixture(scope="session")
@@ -100,6 +103,17 @@ def _missing(request: pytest.FixtureRequest, reason: str) -> None:
     if option_value(request.config, "--require-device"):
         pytest.fail(f"device required but missing: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def _ranks(request: pytest.FixtureRequest, variant: TargetVariant, stack: str) -> int:
+    """The devices the test's engine holds: its geometry's tensor-parallel ranks where the
+    variant's kind runs that many (else 1: the geometry fixture skips, quoting the kind)."""
+    callspec = getattr(request.node, "callspec", None)
+    g = callspec.params.get("geometry") if callspec is not None else None
+    n = getattr(g, "tensor_parallel_size", 1)
+    if n > 1 and kind(variant.target).tensor_parallel_problem(variant, n, stack) is None:
+        return n
+    return 1
 
 
 @pytest.fixture
@@ -138,7 +152,8 @@ def target_variant(request: pytest.FixtureRequest, hil: HilSession) -> TargetVar
     if device_problem:  # a stack that cannot drive a card is not a broken card: never leased
         _missing(request, device_problem)
     try:
-        lease = leases.lease(variant.target, variant.backend, variant.mode)
+        lease = leases.lease(variant.target, variant.backend, variant.mode,
+                             ranks=_ranks(request, variant, hil.opts.stack))
     except LeaseUnavailable as e:
         _missing(request, str(e))
     except LeaseDirError as e:  # a setting to fix, not a missing device: never a skip

@@ -27,6 +27,7 @@ from harness.geometry.catalog import (
 )
 from harness.geometry.fit import fit_problem
 from harness.plugin.options import option_value
+from harness.targets import registry_geometry
 
 _SELECTED = pytest.StashKey[list[Geometry]]()
 FIXTURE = "geometry"
@@ -60,7 +61,7 @@ def known_geometries(config: pytest.Config) -> dict[str, Geometry]:
     tables = data.get("geometry") if isinstance(data, dict) else None
     if not isinstance(tables, dict):
         return known
-    return add_lab_geometries(known, tables, str(path))
+    return add_lab_geometries(known, tables, str(path), resolve=registry_geometry)
 
 
 def check_geometries(config: pytest.Config, models: list[str]) -> None:

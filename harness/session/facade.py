@@ -24,7 +24,7 @@ from harness.checks.agreement import AgreementTally
 from harness.checks.capacity import KvPool
 from harness.checks.exposure import ExposureTally
 from harness.core.config import ConfigError, EngineConfig
-from harness.core.errors import EngineRefused
+from harness.core.errors import EngineRefused, EngineStartDefect
 from harness.core.trace import KvSnapshot, Trace
 from harness.engine.driver import DriverSettings, EngineDriver
 from harness.engine.hygiene import EngineHygiene
@@ -86,6 +86,8 @@ class HilSession(SessionVerdicts):
             reports_dir=opts.reports_dir, max_live_engines=opts.max_live_engines,
             start_timeout=opts.start_timeout, engine_reuse=opts.engine_reuse,
             work_dir=opts.cache_dir / "engine-work"))
+        if leases is not None:  # a lease let go to wait for a group takes its engines along
+            leases.on_release = self._pool.discard_device
         self.engines = EngineDriver(
             self._pool,
             DriverSettings(call_timeout=opts.call_timeout, top_k=opts.near_tie.top_k,
@@ -213,10 +215,18 @@ class HilSession(SessionVerdicts):
     @contextlib.contextmanager
     def expect_refusal(self) -> Iterator[None]:
         """Within this block an engine that refuses to start (raises during start, process alive)
-        does not mark its device broken; a crash or hang at start still does."""
+        does not mark its device broken; a crash or hang at start still does. A programming
+        error raised at start (a TypeError, an AttributeError...) is no refusal: it leaves the
+        block as an EngineStartError, which no test takes for its expected refusal."""
         self.refusal_expected = True
         try:
             yield
+        except EngineRefused as e:
+            if not e.defect:
+                raise
+            raise EngineStartDefect(
+                f"{str(e).splitlines()[0]} -- a {e.error_type} at start is a defect of the"
+                " stack, not a refusal of its configuration", e.log_tail) from None
         finally:
             self.refusal_expected = False
 
@@ -283,6 +293,10 @@ class HilSession(SessionVerdicts):
         stats.warnings = list(warnings)
         path.write_text(json.dumps(stats.to_dict(), indent=1))
         return path
+
+    def stop_engines(self) -> None:
+        """Stop every engine (their stops go into the device ledger before it is written)."""
+        self._pool.close()
 
     def close(self) -> None:
         """Stop every engine, then give the leased devices back."""

@@ -21,7 +21,9 @@ import importlib
 import importlib.metadata
 import pkgutil
 import re
+from collections.abc import Mapping
 from types import ModuleType
+from typing import Any
 
 from harness.checks import logprobs as checks_logprobs
 from harness.checks.logprobs import LogprobPolicy
@@ -193,6 +195,17 @@ def logprob_policy(label: str, tol_fp32: float | None = None,
     k = kind_of_label(label)
     return checks_logprobs.logprob_policy(k.backend_of(label), k.reduced_precision(label),
                                           tol_fp32, tol_card)
+
+
+def registry_geometry(entry: str, chosen: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The geometry values of a device registry's entry ``entry`` (``from_registry`` in a lab
+    geometry): the first engine kind that reads a registry answers (the hook is an engine
+    kind's: ``EngineHooks``)."""
+    for k in engine_kinds().values():
+        shape = k.registry_geometry(entry, chosen)
+        if shape is not None:
+            return shape
+    raise ConfigError("no installed kind reads a device's model registry")
 
 
 def late_env_prefixes() -> tuple[str, ...]:

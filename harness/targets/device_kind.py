@@ -41,6 +41,9 @@ class DeviceKind:
     # The variable of an inventory ``env`` that names the device's address too (two names of
     # one device must agree, and count as its address when ``address`` is not given).
     address_env: str | None = None
+    # Variables (prefixes) the harness sets per rank for a group of devices one engine holds
+    # (each rank's device, the group's size): a member's own value is left out of the group's.
+    group_env_prefixes: tuple[str, ...] = ()
     # (variable, why) the harness sets itself for this kind's engines: an inventory ``env``
     # setting one would silently change what the harness runs or checks, so it is refused.
     owned_env: tuple[tuple[str, str], ...] = ()

@@ -384,3 +384,17 @@ class EngineHooks:
     def check_started(self, info: dict[str, Any]) -> str | None:
         """After start: why the engine is not what this target asked for, or None."""
         return None
+
+    @classmethod
+    def registry_geometry(cls, entry: str,
+                          chosen: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The geometry values (``harness.geometry.catalog.ENTRY_KEYS``) of the device's
+        registry entry ``entry``, in the shape ``chosen`` picks; None where the kind reads no
+        model registry; ConfigError where the entry or the shape is not there."""
+        return None
+
+    @classmethod
+    def report_parameters(cls, info: dict[str, Any]) -> dict[str, str]:
+        """Report parameters (name -> value) a test's result carries from its engine's facts
+        (``info``): what the device configured itself with."""
+        return {}

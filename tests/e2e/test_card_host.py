@@ -45,11 +45,12 @@ def image_env(base: str) -> dict[str, str]:
             "HIL_CARD_HOST_DIR": str(ROOT / ".hil-cache" / f"card-host-{base}")}
 
 
-def card_host(run_dir: Path, *args: str, base: str = "default"
+def card_host(run_dir: Path, *args: str, base: str = "default",
+              host_env: dict[str, str] | None = None
               ) -> tuple[int, str, dict[str, tuple[str, str]], list[dict]]:
     """Run the card host on ``base``'s image; (rc, output, test name -> (outcome, message),
     card ledger events)."""
-    env = {**os.environ, **image_env(base), "HIL_CARD_HOST_RUN_DIR": str(run_dir),
+    env = {**os.environ, **image_env(base), **(host_env or {}), "HIL_CARD_HOST_RUN_DIR": str(run_dir),
            "HIL_CARD_HOST_NO_DEVICES_CHECK": "1",
            "HIL_NO_TRIAGE": "1"}  # these runs prove checks fail; triage is proved elsewhere
     proc = subprocess.run(["bash", str(RUN_SH), *args], capture_output=True, text=True, env=env,
@@ -122,19 +123,30 @@ def test_a_fault_fails_each_suite_on_the_emulated_card(tmp_path: Path, selection
     assert classify("failed", text.split("\n")[0]) == category, text[:2000]
 
 
+FOUR_CARDS = {"HIL_CARD_HOST_CARDS": "4", "HIL_CARD_HOST_GROUP": "4"}
+
+
 def test_an_engine_on_another_card_or_the_simulator_fails_the_verification(tmp_path: Path) -> None:
-    # One run, two engines: on cp the runtime is pointed at card1 while the harness leased
-    # card0; on pc it opens the simulator (FLEX_COMPUTE=SENULATOR).
+    # One run on a 4-card host (one worker: it leases card0, card1 or card2, never card3),
+    # three engines: on cp the runtime of rank 0 is pointed at card3, which the harness did not
+    # lease; on pc it opens the simulator (FLEX_COMPUTE=SENULATOR); the cp TP 2 engine on the
+    # group card0+card1 gets the same variables and rank 1 pointed at rank 0's card.
     rc, out, results, _ = card_host(
-        tmp_path / "run", "-k", "token_equality and (cp-pair or pc-pair)",
-        "--inject-fault", "open-other-card:address=0000:3c:00.0,variant=spyre-sendnn-cp",
-        "--inject-fault", "open-simulator:variant=spyre-sendnn-pc")
+        tmp_path / "run", "-k", "token_equality and (cp-pair or pc-pair) or "
+        "test_full_batch_in_geometry and tiny-llama and cp-tp2", "--geometry", "small,tp2",
+        "--inject-fault", "open-other-card:address=0000:3e:00.0,variant=spyre-sendnn-cp",
+        "--inject-fault", "open-other-card:address=0000:3b:00.0,of_rank=1,variant=spyre-sendnn-cp",
+        "--inject-fault", "open-simulator:variant=spyre-sendnn-pc", host_env=FOUR_CARDS)
     assert rc == 1, out[-4000:]
     failed = {name: m for name, (o, m) in results.items() if o in ("failure", "error")}
-    assert len(failed) == 2, out[-4000:]
+    assert len(failed) == 3, out[-4000:]
+    group = failed.pop("test_full_batch_in_geometry[tiny-llama-spyre-sendnn-cp-tp2]")
+    assert "is not the leased card group's Spyre sendnn engine (wrong opened)" in group, group[:3000]
+    assert "rank 0's runtime would open AIU_WORLD_RANK_0=0000:3e:00.0, not its card 0000:3b:00.0" in group
+    assert "rank 1 opened SEN:VFIO:0000:3b:00.0, expected SEN:VFIO:0000:3c:00.0" in group
     other = next(m for n, m in failed.items() if "spyre-sendnn-cp" in n)
     assert "is not the leased card's Spyre sendnn engine (wrong opened)" in other
-    assert "opened: expected SEN:VFIO:0000:3b:00.0, seen SEN:VFIO:0000:3c:00.0" in other
+    assert re.search(r"opened: expected SEN:VFIO:0000:3[bcd]:00\.0, seen SEN:VFIO:0000:3e:00\.0", other)
     simulator = next(m for n, m in failed.items() if "spyre-sendnn-pc" in n)
     assert "(wrong FLEX_COMPUTE, opened)" in simulator, simulator[:2000]
     assert "FLEX_COMPUTE: expected SENTIENT, seen SENULATOR" in simulator

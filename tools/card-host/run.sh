@@ -5,7 +5,9 @@
 #     emulated torch_sendnn (emulation/torch_sendnn);
 #  2. the harness pip-installed into it, non-editable, from a copy of this checkout's files (its
 #     suites land in the image's share/vllm-hil/suites);
-#  3. a fake device tree with two Spyre cards (PCI 1014:06a7, VFIO groups) and an inventory;
+#  3. a fake device tree with two Spyre cards (PCI 1014:06a7, VFIO groups) and an inventory
+#     (HIL_CARD_HOST_CARDS=N cards instead, HIL_CARD_HOST_GROUP=N declares a group of the
+#     first N cards that a tensor-parallel engine leases whole);
 #  4. the README's card-host commands, run from another folder: `hil devices --inventory ...`,
 #     then `hil suites -m spyre --inventory ... --require-device --allow-emulated-card` (the
 #     installed suites, as the README gives them, with the emulated runtime allowed):
@@ -55,10 +57,10 @@ if [ "$(cat "$IMAGE/.card-image-stamp" 2>/dev/null)" != "$stamp" ]; then
   echo "card-host: image built (python $base_ver) in $(( $(date +%s) - t0 )) s" >&2
 fi
 
-# 3. The fake host: two cards and the lab's inventory.
+# 3. The fake host: two cards (or HIL_CARD_HOST_CARDS) and the lab's inventory.
 rm -rf "$WORK/host-root"
-"$PY" "$REPO/tools/card-host/fake_device_tree.py" "$WORK/host-root" --cards 2 \
-  --inventory "$WORK/inventory.toml" >/dev/null
+"$PY" "$REPO/tools/card-host/fake_device_tree.py" "$WORK/host-root" --cards "${HIL_CARD_HOST_CARDS:-2}" \
+  --group "${HIL_CARD_HOST_GROUP:-0}" --inventory "$WORK/inventory.toml" >/dev/null
 
 # 4. Run from another folder: the installed suites (hil suites), outputs in that folder, configured
 #    by its pytest.ini.

@@ -29,7 +29,7 @@ CARD_ENV_DEFAULTS = {
     # How the runtime reaches the card: VFIO here; upstream's image uses PF. An inventory
     # device's env sets its own, and the verification expects what the engine ran with.
     "FLEX_DEVICE": "VFIO",
-    "AIU_WORLD_SIZE": "1",  # one card per engine (no tensor parallel)
+    "AIU_WORLD_SIZE": "1",  # the cards of the engine's lease: 1, or its group's size
     "TORCH_SENDNN_CACHE_ENABLE": "1",
     # The runtime logs the card it opened ("Opened: SEN:VFIO...") at INFO; the check needs it.
     "DTLOG_LEVEL": "INFO",
@@ -71,11 +71,16 @@ def card_env(device: Any, cache_dir: Path) -> dict[str, str]:
         return {}
     env = dict(CARD_ENV_DEFAULTS)
     env["TORCH_SENDNN_CACHE_DIR"] = str(cache_dir / "sendnn" / device.id)
-    inv_env = dict(device.env)
-    address = device.address or inv_env.get("AIU_WORLD_RANK_0", "")
-    if address:
-        env["AIU_WORLD_RANK_0"] = address
-        env["HIL_CARD_ADDRESS"] = address  # what the verification expects the runtime to open
+    # A group's engine runs rank i on its i-th card: the runtime of rank i (RANK, set by the
+    # plugin from vLLM's rank) opens AIU_WORLD_RANK_<i>.
+    cards = device.members or (device,)
+    env["AIU_WORLD_SIZE"] = str(len(cards))
+    addresses = [c.address or dict(c.env).get("AIU_WORLD_RANK_0", "") for c in cards]
+    for rank, address in enumerate(addresses):
+        if address:
+            env[f"AIU_WORLD_RANK_{rank}"] = address
+    if all(addresses):  # what the verification expects the runtime of each rank to open
+        env["HIL_CARD_ADDRESS"] = ",".join(addresses)
     return env
 
 
@@ -135,6 +140,46 @@ def opened_devices(log_text: str) -> list[str]:
     return [m.group(1).rstrip(",;") for m in _OPENED.finditer(log_text)]
 
 
+# vLLM prefixes what a rank's Python writes with its process name; the runtime's own lines may
+# come without it (a native library writes to the file descriptor).
+_RANK_OPENED = re.compile(r"\(Worker_TP(\d+)[^)]*\).*?Opened: (\S+)")
+
+
+def opened_by_rank(log_text: str) -> dict[int, list[str]]:
+    """What each rank's runtime says it opened, where its line names the rank."""
+    out: dict[int, list[str]] = {}
+    for m in _RANK_OPENED.finditer(log_text):
+        out.setdefault(int(m.group(1)), []).append(m.group(2).rstrip(",;"))
+    return out
+
+
+def rank_card_problems(expected: list[str], ranks: list[dict[str, Any]] | None,
+                       log_text: str, flex_device: str) -> list[str]:
+    """What breaks "rank i runs on the group's i-th card" in a tensor-parallel card engine:
+    each rank's own environment (the card its runtime opens) and, where the log names the
+    rank, the card it opened; [] when every rank is on its card."""
+    problems = []
+    for r in ranks or []:
+        rank, env = r.get("rank"), r.get("env") or {}
+        if not isinstance(rank, int) or not 0 <= rank < len(expected):
+            continue
+        size = env.get("AIU_WORLD_SIZE")
+        if size != str(len(expected)):
+            problems.append(f"rank {rank} runs with AIU_WORLD_SIZE={size}, not {len(expected)}")
+        own = env.get(f"AIU_WORLD_RANK_{rank}")
+        if own != expected[rank]:
+            problems.append(f"rank {rank}'s runtime would open AIU_WORLD_RANK_{rank}={own},"
+                            f" not its card {expected[rank]}")
+        if env.get("RANK") not in (None, str(rank)):
+            problems.append(f"rank {rank} runs with RANK={env.get('RANK')} (its runtime opens"
+                            f" AIU_WORLD_RANK_{env.get('RANK')})")
+    for rank, opened in sorted(opened_by_rank(log_text).items()):
+        want = f"SEN:{flex_device}:{expected[rank]}" if rank < len(expected) else None
+        if want is None or any(o != want for o in opened):
+            problems.append(f"rank {rank} opened {', '.join(opened)}, expected {want}")
+    return problems
+
+
 # Set in a card engine's env when the run allows the emulated runtime (--allow-emulated-card).
 ALLOW_EMULATED_ENV = "HIL_ALLOW_EMULATED_CARD"
 
@@ -151,18 +196,19 @@ def verify_card_engine(cfg: Any, info: dict[str, Any], log_text: str) -> str | N
                 " starts only under a lease of a card that serves its variant (an unleased one"
                 " would open whatever card or simulator its environment names)")
     env = dict(cfg.extra_env)
-    expected_addr = env.get("HIL_CARD_ADDRESS", "")
+    expected_addrs = [a for a in env.get("HIL_CARD_ADDRESS", "").split(",") if a]
     card = info.get("card", {})
     opened = opened_devices(log_text)
-    seen_addrs = sorted({a for o in opened for a in _PCI.findall(o)})
+    seen_addrs = sorted(a for o in opened for a in _PCI.findall(o))
     flex_device = (card.get("env") or {}).get("FLEX_DEVICE") or "VFIO"
     allow_emulated = env.get(ALLOW_EMULATED_ENV) == "1"
     expected = {
         "platform": "SpyrePlatform",
         "dynamo backend": "sendnn",
         "FLEX_COMPUTE": "SENTIENT",
-        "opened": (f"SEN:{flex_device}:{expected_addr}" if expected_addr
-                   else f"SEN:{flex_device}:<the leased card>"),
+        "opened": (", ".join(f"SEN:{flex_device}:{a}" for a in expected_addrs)
+                   + (" (each once, rank i its i-th card)" if len(expected_addrs) > 1 else "")
+                   if expected_addrs else f"SEN:{flex_device}:<the leased card>"),
         "runtime": "torch_sendnn" + (" (the emulated one allowed)" if allow_emulated else ""),
     }
     emulated = bool(card.get("torch_sendnn_emulated"))
@@ -176,15 +222,21 @@ def verify_card_engine(cfg: Any, info: dict[str, Any], log_text: str) -> str | N
     }
     problems = [k for k in ("platform", "dynamo backend", "FLEX_COMPUTE") if seen[k] != expected[k]]
     on_card = [o for o in opened if o.startswith(f"SEN:{flex_device}")]
-    if not on_card or (expected_addr and seen_addrs != [expected_addr]):
+    if not on_card or (expected_addrs and seen_addrs != sorted(expected_addrs)):
+        problems.append("opened")
+    rank_problems = (rank_card_problems(expected_addrs, info.get("ranks"), log_text, flex_device)
+                     if len(expected_addrs) > 1 else [])
+    if rank_problems and "opened" not in problems:
         problems.append("opened")
     if emulated and not allow_emulated:
         problems.append("runtime")
     if not problems:
         return None
-    lines = [f"engine {cfg.label} on {cfg.device} is not the leased card's Spyre sendnn engine"
+    what = "card group's" if len(expected_addrs) > 1 else "card's"
+    lines = [f"engine {cfg.label} on {cfg.device} is not the leased {what} Spyre sendnn engine"
              f" (wrong {', '.join(problems)})"]
     lines += [f"  {k}: expected {expected[k]}, seen {seen[k]}" for k in expected]
+    lines += [f"  {p}" for p in rank_problems]
     if "opened" in problems and not opened:
         lines.append("  the runtime logs the card it opens at DTLOG_LEVEL=INFO; check that the"
                      " inventory env does not lower it")

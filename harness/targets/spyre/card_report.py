@@ -78,6 +78,12 @@ def card_stack_lines(inv: Any) -> tuple[list[str], bool]:
         state = "usable" if d.usable else "UNUSABLE"
         lines.append(f"card {d.id} ({d.address or 'no address'}) {state}; engine env: "
                      + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    for g in getattr(inv, "groups", ()):
+        if g.kind != "spyre" or (g.backend or "sendnn") != "sendnn":
+            continue
+        env = {**card_env(g, cache), **dict(g.env)}
+        lines.append(f"card group {g.id} ({', '.join(g.cards)}) {'usable' if g.usable else 'UNUSABLE'};"
+                     " engine env: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
     for name, value, what in inherited_card_env(os.environ):
         lines.append(f"WARNING: inherited {name}={value}: {what}")
     ok = not cards or problem is None

@@ -279,9 +279,33 @@ def open_simulator(config: dict[str, Any]) -> None:
     print("[hil] fault open-simulator: FLEX_COMPUTE=SENULATOR", flush=True)
 
 
+@fault("registry-blocks-off")
+def registry_blocks_off(config: dict[str, Any], by: int = -1) -> None:
+    """sendnn-inference: the model configurator applies its registry entry's KV block count
+    off by ``by`` (the entry declares N, the engine gets N + by), to prove the started engine
+    is held to its entry."""
+    from sendnn_inference.config.configurators import model_configurator  # the plugin's own
+
+    by = int(by)
+    cls = model_configurator.ModelConfigurator
+    original = cls.configure
+
+    def configure(self: Any, vllm_config: Any) -> Any:
+        out = original(self, vllm_config)
+        blocks = vllm_config.cache_config.num_gpu_blocks_override
+        if blocks is not None:
+            vllm_config.cache_config.num_gpu_blocks_override = blocks + by
+            print(f"[hil] fault registry-blocks-off fired: {blocks} -> {blocks + by} blocks",
+                  flush=True)
+        return out
+
+    cls.configure = configure  # type: ignore[method-assign]
+
+
 @fault("open-other-card")
-def open_other_card(config: dict[str, Any], address: str) -> None:
-    """The engine's runtime is pointed at another card than the leased one (its
-    AIU_WORLD_RANK_0), to prove the on-card verification fails."""
-    os.environ["AIU_WORLD_RANK_0"] = address
-    print(f"[hil] fault open-other-card: AIU_WORLD_RANK_0={address}", flush=True)
+def open_other_card(config: dict[str, Any], address: str, of_rank: int = 0) -> None:
+    """The runtime of rank ``of_rank`` (0: a one-card engine's) is pointed at another card
+    than the leased one (its AIU_WORLD_RANK_<of_rank>, set in the engine process before its
+    ranks start), to prove the on-card verification fails."""
+    os.environ[f"AIU_WORLD_RANK_{of_rank}"] = address
+    print(f"[hil] fault open-other-card: AIU_WORLD_RANK_{of_rank}={address}", flush=True)

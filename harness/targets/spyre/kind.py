@@ -49,12 +49,19 @@ from harness.targets.spyre.card_report import (
 from harness.targets.spyre.discovery import discover_spyre, host_properties
 from harness.targets.spyre.generations import (
     GENERATIONS,
+    SENDNN_INFERENCE,
     VLLM_SPYRE,
     PluginGeneration,
     for_stack,
     platform_problem,
 )
 from harness.targets.spyre.ledger_sources import LEDGER_SOURCES
+from harness.targets.spyre.registry_entry import (
+    applied_entry,
+    entry_geometry,
+    entry_label,
+    entry_problem,
+)
 
 BLOCK_SIZE = 64  # vllm-spyre's fixed KV block size (platform._block_size)
 MODES = ("sb", "cb", "cp", "pc", "np")  # each generation has some of them (generations.py)
@@ -124,6 +131,7 @@ SPYRE_DEVICE = DeviceKind(
     address_under="sys/bus/pci/devices", discover=_discover, to_inventory=_to_inventory,
     host_properties=host_properties,
     address_form=PCI_FORM, address_pattern=PCI_ADDRESS, address_env="AIU_WORLD_RANK_0",
+    group_env_prefixes=("AIU_WORLD_",),  # AIU_WORLD_SIZE and AIU_WORLD_RANK_<rank>: card.py
     owned_env=OWNED_ENV,
     # Read in this order by the report: the card a Kubernetes device plugin gave the pod, then
     # the card the runtime opens.
@@ -210,8 +218,10 @@ class SpyreTarget(VllmTarget):
         engine of ``ranks`` cards needs a card group leased at once, which this harness does
         not lease."""
         if variant.backend == "sendnn":
-            return (f"{variant.id} leases one card per engine; a TP {ranks} engine needs a"
-                    f" group of {ranks} cards leased together, which this harness does not do")
+            if for_stack(stack) is SENDNN_INFERENCE:
+                return None  # a group of cards, leased together (harness.lab.leases)
+            return (f"{variant.id} on stack {stack}: a TP {ranks} engine on a card group runs"
+                    " on sendnn-inference 2.x (the default stack) in this harness")
         return cpu_tensor_parallel_problem(ranks, stack)
 
     @classmethod
@@ -233,12 +243,18 @@ class SpyreTarget(VllmTarget):
         return max_model_len - padded - BLOCK_SIZE
 
     @classmethod
-    def engine_info(cls) -> dict[str, Any]:
+    def engine_info(cls, vllm_config: Any = None) -> dict[str, Any]:
         info: dict[str, Any] = {}
         try:
             info["card"] = engine_card_info()
         except Exception as e:  # the card check then fails saying what is missing
             info["card"] = {"error": repr(e)}
+        try:
+            registry = applied_entry(vllm_config)
+        except Exception as e:  # the start check then says the entry could not be read
+            registry = {"entry": None, "error": repr(e)}
+        if registry is not None:
+            info["registry"] = registry
         for gen in GENERATIONS:
             if importlib.util.find_spec(gen.module) is not None:
                 # deferred: a heavy import, paid only inside an engine process
@@ -304,6 +320,19 @@ class SpyreTarget(VllmTarget):
         # First the plugin: vLLM falls back to its own platform when VLLM_PLUGINS names none.
         return (platform_problem(self.generation(), info, self.cfg.label)
                 or verify_card_engine(self.cfg, info, log_text))
+
+    def check_started(self, info: dict[str, Any]) -> str | None:
+        """On a card: the engine runs with what the plugin's registry entry declares."""
+        return entry_problem(info)
+
+    @classmethod
+    def registry_geometry(cls, entry: str, chosen: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        return entry_geometry(entry, chosen)
+
+    @classmethod
+    def report_parameters(cls, info: dict[str, Any]) -> dict[str, str]:
+        label = entry_label(info)
+        return {"registry entry": label} if label else {}
 
     @classmethod
     def emulated_runtime(cls, variant: Any) -> str | None:

@@ -93,7 +93,8 @@ CASES: tuple[Case, ...] = (
 # On a card the faults that patch vLLM itself apply; the device is required, not skipped.
 DEVICE_CASES: tuple[Case, ...] = vllm_cases("spyre-sendnn-cp", extra=("--require-device",))
 
-# Faults whose check is the on-card verification; tests/e2e/test_card_host.py proves them on
+# Faults whose check is the on-card verification (the card, the registry entry the plugin
+# applies only on a card); tests/e2e/test_card_host.py proves them on
 # the emulated card host.
-DEVICE_ONLY_FAULTS = ("open-other-card", "open-simulator")
+DEVICE_ONLY_FAULTS = ("open-other-card", "open-simulator", "registry-blocks-off")
 DEVICE_ONLY_WHY = "needs a card (the emulated card host proves it)"

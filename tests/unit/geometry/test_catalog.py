@@ -7,15 +7,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.core.config import ConfigError
 from harness.geometry.catalog import (
     DEFAULT_GEOMETRY,
     KEYS,
     GeometryError,
+    add_lab_geometries,
     load_geometries,
     parse_geometry,
     select_geometries,
 )
 from harness.geometry.fit import GIB, fit_problem, kv_need
+from harness.targets import registry_geometry
+from harness.targets.spyre.registry_entry import MODEL_CONFIG_FILE_ENV, entry_geometry
 
 BASE = {"description": "d", "max_model_len": 256, "max_num_seqs": 4, "chunk_size": 128}
 
@@ -102,3 +106,42 @@ def test_any_table_parses_or_is_refused_with_a_geometry_error(table):
         return
     assert g.max_model_len > 0 and g.max_num_seqs > 0 and 0 < g.chunk_size <= g.max_model_len
     assert sum(x is not None for x in (g.pool, g.pool_requests, g.num_blocks)) == 1
+
+
+GRANITE = "ibm-granite/granite-3.3-8b-instruct"
+
+
+def test_a_lab_geometry_takes_its_shape_from_a_registry_entry(monkeypatch):
+    monkeypatch.delenv(MODEL_CONFIG_FILE_ENV, raising=False)
+    try:
+        entry = entry_geometry(GRANITE, {"tensor_parallel_size": 4})  # what the registry says
+    except ConfigError as e:
+        pytest.skip(f"no plugin registry with {GRANITE} here: {e}")
+    table = {"from_registry": GRANITE, "tensor_parallel_size": 4, "chunk_size": 1024}
+    g = add_lab_geometries({}, {"lab-8b": table}, "lab.toml", resolve=registry_geometry)["lab-8b"]
+    assert {k: getattr(g, k) for k in entry} == entry and entry["pool"] == "device"
+    assert g.chunk_size == 1024 and g.source == "lab.toml"
+    assert g.description == f"the shape registry entry {GRANITE} is served at"
+    with pytest.raises(GeometryError, match="lab.toml: geometry 'lab-x': from_registry ="
+                       " 'lab/none': the registry .* has no entry 'lab/none'"):
+        add_lab_geometries({}, {"lab-x": {**table, "from_registry": "lab/none"}}, "lab.toml",
+                           resolve=registry_geometry)
+
+
+def test_a_registry_entry_the_resolver_refuses_names_the_file_the_geometry_and_the_entry():
+    def refuse(entry, chosen):
+        raise ConfigError(f"no entry {entry!r} here (asked {dict(chosen)})")
+
+    table = {"from_registry": "lab/none", "max_num_seqs": 4, "chunk_size": 64}
+    with pytest.raises(GeometryError) as e:
+        add_lab_geometries({}, {"lab-x": table}, "lab.toml", resolve=refuse)
+    assert str(e.value) == ("lab.toml: geometry 'lab-x': from_registry = 'lab/none': no entry"
+                            " 'lab/none' here (asked {'max_num_seqs': 4})")
+    with pytest.raises(GeometryError, match="no installed kind reads a model registry"):
+        add_lab_geometries({}, {"lab-x": table}, "lab.toml")
+
+
+def test_a_shipped_geometry_may_not_take_its_shape_from_a_registry():
+    with pytest.raises(GeometryError, match="unknown key\\(s\\) 'from_registry'"):
+        parse_geometry("card", {**BASE, "from_registry": GRANITE}, "fixtures/geometries.toml")
+    assert parse_geometry("lab", {**BASE, "models": ["m"]}, "lab.toml", lab=True).models == ("m",)

@@ -83,6 +83,24 @@ def test_engine_info_and_runner_hooks_are_called_by_the_names_the_configuration_
     assert km.engine_info({}) == {} and km.runner_hook({}, BATCH_ORDER) is None
 
 
+def facts_of_config(vllm_config: Any) -> dict[str, Any]:
+    return {"got": vllm_config}
+
+
+def facts_without_config() -> dict[str, Any]:
+    return {"got": "nothing"}
+
+
+def test_engine_info_passes_the_vllm_config_to_a_function_that_takes_one():
+    def config_of(fn: str) -> dict[str, Any]:
+        return {KIND_MODULES: KindModules(engine_info=f"{__name__}:{fn}").to_dict()}
+
+    vllm_config = object()
+    assert km.engine_info(config_of("facts_of_config"), vllm_config) == {"got": vllm_config}
+    assert km.engine_info(config_of("facts_of_config")) == {"got": None}
+    assert km.engine_info(config_of("facts_without_config"), vllm_config) == {"got": "nothing"}
+
+
 def test_an_engine_loads_the_fault_modules_its_configuration_names(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("HIL_FAULTS", raising=False)
     (tmp_path / "hil_kind_faults.py").write_text(

@@ -11,7 +11,7 @@ import pytest
 from harness.core.comparison import NearTiePolicy
 from harness.core.config import EngineConfig
 from harness.core.devices import InventoryDevice
-from harness.core.errors import EngineRefused, EngineStartError
+from harness.core.errors import EngineRefused, EngineStartDefect, EngineStartError
 from harness.core.paths import REPO_ROOT
 from harness.engine.device_ledger import (
     DeviceLedger,
@@ -21,6 +21,8 @@ from harness.engine.device_ledger import (
 )
 from harness.engine.order import order_tests_by_engine_config, save_record
 from harness.engine.pool import start_timeout
+from harness.lab.inventory import device_group
+from harness.lab.leases import Lease
 from harness.session.facade import HilSession, SessionOptions
 from harness.targets import kind_of_label, target_for
 from harness.targets.spyre import card
@@ -180,6 +182,21 @@ def test_expected_refusal_does_not_mark_the_card_broken(tmp_path: Path) -> None:
     assert len(marked) == 1
 
 
+def test_a_programming_error_at_start_is_no_refusal(tmp_path: Path) -> None:
+    # A configurator's TypeError is a defect of the stack: the block lets it out as a defect,
+    # which a test expecting a refusal (pytest.raises(EngineRefused)) does not take.
+    s, _ = _session(tmp_path, EngineRefused("engine refused: TypeError: bad operand", "tail",
+                                            error_type="TypeError"))
+    with pytest.raises(EngineStartDefect, match="a TypeError at start is a defect of the stack"):
+        with s.expect_refusal():
+            s.engines._call(card_cfg(), "generate", {})
+    s, _ = _session(tmp_path, EngineRefused("engine refused: Number of pages", "",
+                                            error_type="ValueError"))
+    with pytest.raises(EngineRefused):
+        with s.expect_refusal():
+            s.engines._call(card_cfg(), "generate", {})
+
+
 def test_crash_at_start_marks_the_card_broken_even_when_a_refusal_is_expected(tmp_path: Path) -> None:
     s, marked = _session(tmp_path, EngineStartError("engine died with exit code -9 while starting"))
     with s.expect_refusal(), pytest.raises(EngineStartError):
@@ -318,3 +335,82 @@ def test_a_card_start_creates_its_compile_cache(tmp_path) -> None:
     env = card.card_env(card_device(), tmp_path)
     card.prepare_card_start(env)
     assert Path(env["TORCH_SENDNN_CACHE_DIR"]).is_dir()
+
+
+# ------------------------------------------------------------------ card groups (tensor parallel)
+
+QUAD = ("0000:3b:00.0", "0000:3c:00.0", "0000:3d:00.0", "0000:3e:00.0")
+
+
+def quad() -> InventoryDevice:
+    """A group of four cards as the inventory forms it (each member's env names its card)."""
+    return device_group("quad0", [card_device(id=f"card{i}", address=a, env=(("AIU_WORLD_RANK_0", a),))
+                                  for i, a in enumerate(QUAD)])
+
+
+def quad_cfg() -> EngineConfig:
+    """Its engine's configuration, its env as the fixture builds it (card_env, then the lease's)."""
+    env = {**card.card_env(quad(), Path("/c")), **Lease(quad(), "gw0", True).env()}
+    return card_cfg(env, device="quad0").with_(tensor_parallel_size=4)
+
+
+def quad_info() -> dict:
+    """What a good group engine reports: every rank's runtime variables, each its own RANK."""
+    world = {k: v for k, v in card.card_env(quad(), Path("/c")).items() if k.startswith("AIU_WORLD_")}
+    return {**good_info(), "ranks": [{"rank": i, "pid": 100 + i, "env": {**world, "RANK": str(i)}}
+                                     for i in range(4)]}
+
+
+def quad_log(opened: tuple[str, ...] = QUAD) -> str:
+    return "".join(f"(Worker_TP{i} pid={100 + i}) [DT INFO] Opened: SEN:VFIO:{a} (iommu group 4{i})\n"
+                   for i, a in enumerate(opened))
+
+
+def test_card_env_of_a_group_gives_each_rank_its_card() -> None:
+    env = card.card_env(quad(), Path("/c"))
+    assert env["AIU_WORLD_SIZE"] == "4"
+    assert [env[f"AIU_WORLD_RANK_{i}"] for i in range(4)] == list(QUAD)
+    assert "AIU_WORLD_RANK_4" not in env
+    assert env["HIL_CARD_ADDRESS"] == ",".join(QUAD)
+    assert env["TORCH_SENDNN_CACHE_DIR"] == "/c/sendnn/quad0"  # the group's own compile cache
+    assert not any(k.startswith("AIU_WORLD_") for k, _ in quad().env)  # the lease's env keeps it
+
+
+def test_verification_passes_when_each_rank_opened_its_card() -> None:
+    assert card.verify_card_engine(quad_cfg(), quad_info(), quad_log()) is None
+
+
+@pytest.mark.parametrize("case, seen", [
+    ("two ranks opened one card", f"rank 1 opened SEN:VFIO:{QUAD[0]}, expected SEN:VFIO:{QUAD[1]}"),
+    ("RANK", "rank 1 runs with RANK=0"),
+    ("AIU_WORLD_RANK_1", f"rank 1's runtime would open AIU_WORLD_RANK_1={QUAD[0]}, not its card"
+                         f" {QUAD[1]}"),
+])
+def test_verification_of_a_group_names_the_rank_off_its_card(case: str, seen: str) -> None:
+    info, log = quad_info(), quad_log()
+    if case == "two ranks opened one card":
+        log = quad_log((QUAD[0], QUAD[0], QUAD[2], QUAD[3]))
+    else:
+        info["ranks"][1]["env"][case] = {"RANK": "0", "AIU_WORLD_RANK_1": QUAD[0]}[case]
+    problem = card.verify_card_engine(quad_cfg(), info, log)
+    assert problem is not None, case
+    assert "not the leased card group's Spyre sendnn engine (wrong opened)" in problem
+    assert any(line.startswith(f"  {seen}") for line in problem.splitlines()), problem
+
+
+def test_ledger_counts_a_group_engine_on_each_of_its_cards() -> None:
+    group = quad_cfg()
+    single = card_cfg(card.card_env(card_device(id="card1", address=QUAD[1]), Path("/c")), "card1")
+    for first, second, where in ((group, single, "card1"), (single, group, "quad0 (card card1)")):
+        ledger = DeviceLedger()
+        ledger.started(first)
+        ledger.started(second)
+        assert ledger_problems(ledger.to_list()) == [
+            f"{where}: {second.label} started while {[first.key]} still live"]
+    ledger = DeviceLedger()
+    ledger.started(group)
+    assert ledger.events[0]["cards"] == ["card0", "card1", "card2", "card3"]
+    ledger.started(card_cfg(device="card9"))  # a card outside the group
+    ledger.closed(group.key)
+    ledger.started(single)  # after the group engine closed
+    assert ledger_problems(ledger.to_list()) == []
