@@ -50,3 +50,17 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs (one of another user's counts; a zombie still counts
+    until its parent reaps it)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

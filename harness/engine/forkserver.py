@@ -29,24 +29,38 @@ harness.in_engine.process`` would:
 
 ``HIL_ENGINE_START=fresh`` starts every engine as a fresh process (for comparison,
 or where fork is unwanted); any failure of the fork server falls back to that.
+
+A run of many pytest processes (a test session starting child pytest runs, ``hil selftest``)
+pays those imports once for all of them when ``HIL_FORKSERVER_SHARE`` names a folder of its own
+(``share_folder``): there each interpreter and environment gets one shared platform parent
+(``harness.in_engine.fork_parent.shared_main``), started by the first process that needs it and
+found by the others through its record in the folder. Each process that connects gets a
+parent of its own forked from it, whose children its engines are: they die with that parent,
+which ends when the process's connection closes, as a per-process parent does. The shared
+parents stop when the folder's owner ends or the folder goes; any failure falls back to the
+per-process parent.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import secrets
 import select
+import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import IO, Any
 
-from harness.core.parent_death import die_with_parent
+from harness.core.parent_death import die_with_parent, pid_alive
 from harness.engine.start_config import fork_parent_env
 from harness.targets import late_env_prefixes
 
@@ -343,9 +357,175 @@ def server_for(python: str, child_env: dict[str, str], cwd: str, log_dir: Path) 
 
 
 def close_all() -> None:
-    for srv in list(_servers.values()):
+    for srv in [*_servers.values(), *_shared.values()]:
         srv.close()
     _servers.clear()
+    _shared.clear()
+
+
+# ---------------------------------------------------------------------------
+# Shared parents: one per interpreter and environment for every process of a run
+# ---------------------------------------------------------------------------
+
+SHARE_ENV = "HIL_FORKSERVER_SHARE"  # the run's folder of shared parents (mode 0700)
+OWNER_ENV = "HIL_FORKSERVER_OWNER"  # the process they serve: they stop when it ends
+
+
+class _SharedClientParent:
+    """The part of ``subprocess.Popen`` a ForkServer uses, for the parent a shared parent
+    forked for this process (not this process's child: its exit code is not ours to read)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not pid_alive(self.pid):
+            self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"fork parent pid {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+_shared: dict[str, ForkServer] = {}
+
+
+def open_share() -> str | None:
+    """Make this process the owner of a new folder of shared parents and name it in the
+    environment its child processes inherit (``SHARE_ENV``, ``OWNER_ENV``); None (nothing
+    done) where one is named already (a child of a shared run shares its owner's)."""
+    if os.environ.get(SHARE_ENV):
+        return None
+    folder = tempfile.mkdtemp(prefix="hil-share-")  # mode 0700
+    os.environ[SHARE_ENV] = folder
+    os.environ[OWNER_ENV] = str(os.getpid())
+    return folder
+
+
+def close_share(folder: str) -> str:
+    """Stop the shared parents of ``folder`` (they also stop on their own once it is gone);
+    returns what they did, in a line: how many started and how many processes they served."""
+    logs = list(Path(folder).glob("*.log"))
+    served = sum(t.count("[hil] shared parent ") for t in
+                 (p.read_text(errors="replace") for p in logs))
+    for record in Path(folder).glob("*.json"):
+        rec = _read_record(record)
+        pid = int(rec.get("pid", 0)) if rec else 0
+        if pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    shutil.rmtree(folder, ignore_errors=True)
+    if os.environ.get(SHARE_ENV) == folder:
+        os.environ.pop(SHARE_ENV, None)
+        os.environ.pop(OWNER_ENV, None)
+    return f"shared fork parents: {len(logs)} started, {served} pytest processes served"
+
+
+def share_folder() -> Path | None:
+    """The run's folder of shared parents, where ``HIL_FORKSERVER_SHARE`` names one that is
+    this user's own and private (else None: per-process parents)."""
+    value = os.environ.get(SHARE_ENV, "")
+    if not value:
+        return None
+    path = Path(value)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        log.warning("%s=%s is not a private folder of this user: not shared", SHARE_ENV, value)
+        return None
+    return path
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _start_shared(python: str, env: dict[str, str], folder: Path, key: str) -> dict[str, Any]:
+    """Start the shared parent of ``key`` and wait for its record (its address and key)."""
+    record = folder / f"{key}.json"
+    record.unlink(missing_ok=True)
+    authkey = secrets.token_bytes(16)
+    address = str(folder / f"{key}.sock")
+    log_path = folder / f"{key}.log"
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(
+            [python, "-m", "harness.in_engine.fork_parent", "--shared", address, str(record)],
+            env={**env, **fork_parent_env(), "HIL_FORKSERVER_AUTHKEY": authkey.hex(),
+                 OWNER_ENV: os.environ.get(OWNER_ENV, "")},
+            cwd=str(folder), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+            start_new_session=True)  # it outlives the process that started it
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        rec = _read_record(record)
+        if rec is not None:
+            if "error" in rec:
+                raise ForkServerError(f"shared fork parent unfit: {rec['error']} (see {log_path})")
+            return rec
+        if proc.poll() is not None:
+            raise ForkServerError(f"shared fork parent exited ({proc.returncode}) before it was"
+                                  f" ready (see {log_path})")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise ForkServerError(f"shared fork parent not ready within {READY_TIMEOUT:.0f} s")
+        time.sleep(0.2)
+
+
+def shared_server(python: str, child_env: dict[str, str], folder: Path) -> ForkServer:
+    """This process's parent forked from the run's shared parent for this interpreter and
+    environment (the shared parent started first where there is none)."""
+    from filelock import FileLock  # deferred: only a shared run needs it
+
+    env = {k: v for k, v in child_env.items() if not k.startswith(PER_ENGINE_PREFIXES)}
+    key = hashlib.sha256(json.dumps([python, sorted(env.items())]).encode()).hexdigest()[:16]
+    srv = _shared.get(key)
+    if srv is not None and srv.alive:
+        return srv
+    if srv is not None:
+        _shared.pop(key).close()
+    for attempt in (1, 2):
+        with FileLock(str(folder / f"{key}.lock"), timeout=READY_TIMEOUT):
+            rec = _read_record(folder / f"{key}.json")
+            if rec is None or "error" in rec or not pid_alive(int(rec.get("pid", 0))):
+                rec = _start_shared(python, env, folder, key)
+        try:
+            conn = Client(rec["address"], family="AF_UNIX", authkey=bytes.fromhex(rec["authkey"]))
+            break
+        except (OSError, EOFError) as e:  # it stopped (idle) as this process came: start anew
+            (folder / f"{key}.json").unlink(missing_ok=True)
+            if attempt == 2:
+                raise ForkServerError(f"shared fork parent unreachable: {e!r}") from None
+    if not conn.poll(READY_TIMEOUT):
+        conn.close()
+        raise ForkServerError("shared fork parent gave no parent of this process's own")
+    status, report = conn.recv()
+    if status != "ready":
+        conn.close()
+        raise ForkServerError(f"shared fork parent refused: {report}")
+    srv = ForkServer(python, env, _SharedClientParent(int(report["pid"])),  # type: ignore[arg-type]
+                     conn, report, folder / f"{key}.log")
+    _shared[key] = srv
+    return srv
 
 
 def spawn_engine(python: str, address: str, child_env: dict[str, str], cwd: str,
@@ -356,6 +536,17 @@ def spawn_engine(python: str, address: str, child_env: dict[str, str], cwd: str,
     if mode != "fresh":
         spec = {"env": child_env, "cwd": cwd, "argv": [address],
                 "log": str(Path(log_path).absolute())}  # the fork parent runs elsewhere
+        folder = share_folder() if mode == "platform" else None
+        if folder is not None:
+            try:
+                srv = shared_server(python, child_env, folder)
+                conflicts = srv.conflicts(child_env)
+                if conflicts:
+                    raise ForkServerError(
+                        f"variables read at import differ: {', '.join(conflicts)}")
+                return srv.fork(spec)
+            except (ForkServerError, OSError) as e:
+                log.warning("engine not forked from the run's shared parent: %s", e)
         try:
             srv = server_for(python, child_env, cwd, log_path.parent)
             conflicts = srv.conflicts(child_env)

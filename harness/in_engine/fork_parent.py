@@ -15,16 +15,19 @@ from __future__ import annotations
 import ctypes
 import gc
 import importlib.abc
+import json
 import os
 import random
+import select
 import signal
 import sys
 import threading
 import time
 import traceback
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from harness.core.parent_death import pid_alive
 from harness.in_engine import process
 from harness.in_engine.kind_modules import FORK_PARENT_ENV, ForkParentModules, import_modules
 
@@ -333,8 +336,112 @@ def main(argv: list[str], platform: bool = False) -> int:
     return serve(conn, platform) if fit else 1
 
 
+# ---------------------------------------------------------------------------
+# The run's shared parent (``--shared ADDRESS RECORD``)
+# ---------------------------------------------------------------------------
+
+# A shared parent with no client for this long stops (its pages are given back).
+SHARED_IDLE_SECONDS = 600.0
+OWNER_ENV = "HIL_FORKSERVER_OWNER"  # the process the shared parents serve; they stop with it
+
+
+def _write_record(path: str, record: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def shared_main(address: str, record: str) -> int:
+    """One preloaded platform parent for every pytest process of a run that names the same
+    interpreter and environment (``harness.engine.forkserver.shared_server``): it imports once,
+    listens on ``address`` and forks, per client that connects, a parent of that client's own
+    (``serve``, as a platform parent does for its host): the client's engines are that
+    parent's children and die with it, and it ends when its client's connection closes. The
+    shared parent stops when the run's owner process ends, when ``record`` is removed, or
+    after SHARED_IDLE_SECONDS without a client."""
+    authkey = bytes.fromhex(os.environ.pop("HIL_FORKSERVER_AUTHKEY"))
+    owner = int(os.environ.pop(OWNER_ENV, "0") or 0)
+    kinds = ForkParentModules.from_env(os.environ.pop(FORK_PARENT_ENV, ""))
+    PLUGIN_PRELOAD.update(kinds.plugin_preload)
+    try:
+        import_modules(kinds.modules)
+        report = preload((*PRELOAD, *PLATFORM_PRELOAD), platform=True)
+    except BaseException as e:
+        traceback.print_exc()
+        _write_record(record, {"error": repr(e)})
+        return 1
+    report["threads"] = threading.active_count()
+    if report["threads"] != 1:
+        _write_record(record, {"error": unfit_line(report)})
+        return 1
+    gc.collect()
+    gc.freeze()
+    listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    sock = listener._listener._socket  # type: ignore[attr-defined]
+    _write_record(record, {"pid": os.getpid(), "address": address, "authkey": authkey.hex()})
+    clients: set[int] = set()
+    served = 0
+    last = time.monotonic()
+    try:
+        while True:
+            while clients:  # reap the per-client parents that ended
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    clients.clear()
+                    break
+                if pid == 0:
+                    break
+                clients.discard(pid)
+                last = time.monotonic()
+            if (owner and not pid_alive(owner)) or not os.path.exists(record) or (
+                    not clients and time.monotonic() - last > SHARED_IDLE_SECONDS):
+                return 0
+            if not select.select([sock], [], [], 1.0)[0]:
+                continue
+            try:
+                conn = listener.accept()
+            except Exception:  # a client that failed the handshake or went away
+                continue
+            last = time.monotonic()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    sock.close()  # the listening socket is the shared parent's (no unlink)
+                    conn.send(("ready", {**report, "pid": os.getpid()}))
+                    code = serve(conn, platform=True)
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            clients.add(pid)
+            served += 1
+            print(f"[hil] shared parent {os.getpid()}: client {served} served by pid {pid}",
+                  flush=True)
+            conn.close()
+    finally:
+        listener.close()
+        try:
+            os.unlink(record)
+        except OSError:
+            pass
+
+
+def unfit_line(report: dict[str, Any]) -> str:
+    return f"{report.get('threads')} threads after its imports"
+
+
 if __name__ == "__main__":
-    code = main(sys.argv)
+    if len(sys.argv) == 4 and sys.argv[1] == "--shared":
+        code = shared_main(sys.argv[2], sys.argv[3])
+    else:
+        code = main(sys.argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness.core.parent_death import pid_alive
+
 
 class LeaseDirError(RuntimeError):
     """The lease folder or a lock path in it cannot be used; the message says why and what to do."""
@@ -110,16 +112,6 @@ def write_holder(path: Path, record: dict[str, Any]) -> None:
         raise
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_holders(folder: Path) -> list[str]:
     """Remove holder records of processes that no longer run (and leftover temp files);
     returns the device ids cleaned."""
@@ -129,7 +121,7 @@ def clean_stale_holders(folder: Path) -> list[str]:
             pid = int(json.loads(path.read_text()).get("pid", 0))
         except (OSError, ValueError, AttributeError, TypeError):
             pid = 0  # unreadable or of another shape: a holder of nobody, cleaned
-        if pid <= 0 or not _alive(pid):
+        if pid <= 0 or not pid_alive(pid):
             path.unlink(missing_ok=True)
             cleaned.append(path.stem)
     for tmp in folder.glob(".*.holder.*.tmp"):
@@ -137,6 +129,6 @@ def clean_stale_holders(folder: Path) -> list[str]:
             pid = int(tmp.name.rsplit(".", 2)[-2])
         except ValueError:
             pid = 0
-        if pid <= 0 or not _alive(pid):
+        if pid <= 0 or not pid_alive(pid):
             tmp.unlink(missing_ok=True)
     return cleaned

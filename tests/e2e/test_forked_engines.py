@@ -75,14 +75,25 @@ def test_forked_engines_see_the_callers_pythonpath_env_platform_and_faults(tmp_p
     monkeypatch.setenv("LAB_MARK", "from-the-caller")
     monkeypatch.setenv("HIL_ALLOW_EXTERNAL_FAULTS", "1")
     seen: dict[tuple[str, str], dict[str, Any]] = {}
-    for mode in ("fresh", "platform"):
-        monkeypatch.setenv(forkserver.START_ENV, mode)
+    share = tmp_path / "share"
+    share.mkdir(mode=0o700)
+    # fresh processes; this process's own parents; a run's shared parents (its own folder)
+    for mode in ("fresh", "platform", "shared"):
+        monkeypatch.setenv(forkserver.START_ENV, "fresh" if mode == "fresh" else "platform")
+        if mode == "shared":
+            monkeypatch.setenv(forkserver.SHARE_ENV, str(share))
+            monkeypatch.setenv(forkserver.OWNER_ENV, str(os.getpid()))
+        else:
+            monkeypatch.delenv(forkserver.SHARE_ENV, raising=False)
         for variant in ("vllm-cpu", spyre):
             out = tmp_path / f"{mode}-{variant}.json"
             monkeypatch.setenv("HIL_FAULTS", f"hil_lab_mark.record:path={out}")
             host = _engine(tmp_path, variant, f"{mode}-{variant}", stack)
             try:
                 assert _started_as(host) == ("fresh" if mode == "fresh" else "forked")
+                if mode != "fresh":  # from the run's shared parent, or from this process's own
+                    shared = isinstance(host.proc.server.proc, forkserver._SharedClientParent)
+                    assert shared == (mode == "shared"), mode
                 info = {k: host.info[k] for k in ("platform", "platform_module", "num_gpu_blocks",
                                                   "block_size", "kv_source", "kv_pad_blocks")}
                 log = host.log_tail(400)
@@ -90,8 +101,10 @@ def test_forked_engines_see_the_callers_pythonpath_env_platform_and_faults(tmp_p
                 host.close()
             assert "[hil] fault installed: hil_lab_mark.record" in log
             seen[(mode, variant)] = {**json.loads(out.read_text()), **info}
+    forkserver.close_share(str(share))
     for variant in ("vllm-cpu", spyre):
         assert seen[("platform", variant)] == seen[("fresh", variant)], variant
+        assert seen[("shared", variant)] == seen[("fresh", variant)], variant
         assert seen[("fresh", variant)]["mark"] == "from-the-caller"
         assert seen[("fresh", variant)]["path0"] == [str(lab)]
     assert seen[("platform", "vllm-cpu")]["platform"] == "CpuPlatform"

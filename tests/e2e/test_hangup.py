@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 
+from harness.engine import forkserver
 from tests.bad_input import assert_nothing_lost, earlier_run
 from tests.suite_runner import ROOT
 
@@ -33,6 +34,15 @@ def _alive(pids: set[int]) -> list[str]:
     return left
 
 
+def _lab_env() -> dict[str, str]:
+    """The environment of a lab's `hil run`: this test session's shared fork parents (which
+    outlive a run of it by design) are not its own; it starts its parents, which must stop."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name in (forkserver.SHARE_ENV, forkserver.OWNER_ENV):
+        env.pop(name, None)
+    return env
+
+
 def test_sighup_stops_hil_run_and_every_process_of_it(tmp_path):
     reports = tmp_path / "reports"
     files = earlier_run(reports)
@@ -40,7 +50,7 @@ def test_sighup_stops_hil_run_and_every_process_of_it(tmp_path):
         [sys.executable, "-m", "harness.cli", "run", "--reports-dir", str(reports),
          "--model", "tiny-llama", "--target", "vllm-cpu",
          "-k", "test_greedy_tokens_equal_reference and (single or pair)"],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+        cwd=ROOT, env=_lab_env(), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     seen: set[int] = set()
     deadline = time.monotonic() + 600

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,47 @@ import pytest
 from harness.core.paths import REPO_ROOT
 from harness.engine import forkserver
 from harness.engine.forkserver import ForkedProcess, ForkServerError, late, parent_env, platform_key
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_parents(monkeypatch):
+    """These tests are of a process's own parents: not the test run's shared ones."""
+    monkeypatch.delenv(forkserver.SHARE_ENV, raising=False)
+
+
+def test_a_share_folder_must_be_private_and_this_users(tmp_path, monkeypatch):
+    assert forkserver.share_folder() is None  # none named: per-process parents
+    folder = tmp_path / "share"
+    folder.mkdir(mode=0o755)
+    monkeypatch.setenv(forkserver.SHARE_ENV, str(folder))
+    assert forkserver.share_folder() is None  # others may read it: not used
+    folder.chmod(0o700)
+    assert forkserver.share_folder() == folder
+    monkeypatch.setenv(forkserver.SHARE_ENV, str(tmp_path / "gone"))
+    assert forkserver.share_folder() is None
+
+
+def test_a_run_opens_one_share_its_children_inherit_and_closes_it(monkeypatch):
+    monkeypatch.delenv(forkserver.OWNER_ENV, raising=False)
+    folder = forkserver.open_share()
+    try:
+        assert folder and os.environ[forkserver.SHARE_ENV] == folder
+        assert os.environ[forkserver.OWNER_ENV] == str(os.getpid())
+        assert forkserver.open_share() is None  # a child of a shared run shares its owner's
+        assert forkserver.share_folder() == Path(folder)
+    finally:
+        forkserver.close_share(folder)
+    assert not Path(folder).exists() and forkserver.SHARE_ENV not in os.environ
+
+
+def test_a_shared_parent_that_cannot_start_falls_back_to_the_process_own(tmp_path, monkeypatch):
+    # /bin/false is no Python: the shared parent exits before it is ready; the engine is then
+    # started the way it would be without a share (here: fresh, the own parent broken too).
+    share = tmp_path / "share"
+    share.mkdir(mode=0o700)
+    monkeypatch.setenv(forkserver.SHARE_ENV, str(share))
+    with pytest.raises(forkserver.ForkServerError, match="exited .* before it was ready"):
+        forkserver.shared_server("/bin/false", {"PATH": os.environ["PATH"]}, share)
 
 
 def test_late_variables_are_left_to_the_child_and_the_rest_keys_the_parent():
