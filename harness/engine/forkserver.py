@@ -85,6 +85,9 @@ def late(name: str) -> bool:
 
 # Per engine, never read while preloading: not part of a platform parent's key.
 PER_ENGINE_PREFIXES = ("HIL_", "MASTER_", "PYTEST_")
+# A shell's record of its own state (the folder it is in): no import reads it, so it keys no
+# shared parent and makes no conflict unless a parent's imports did read it.
+SHELL_STATE = ("PWD", "OLDPWD", "SHLVL", "_")
 
 def start_mode() -> str:
     """``platform``: fork engines from a parent that resolved their platform (itself forked
@@ -209,10 +212,11 @@ class ForkServer:
         return self.proc.poll() is None
 
     def conflicts(self, child_env: dict[str, str]) -> list[str]:
-        """Variables the parent's imports read whose value the child wants different."""
+        """Variables the parent's imports read whose value the child wants different (a
+        shell's record of its own state, PWD and the like, counts only where read)."""
         read = set(self.report.get("read", ()))
         names = {k for k in set(child_env) | set(self.env) if child_env.get(k) != self.env.get(k)}
-        return sorted(n for n in names if n in read or not late(n))
+        return sorted(n for n in names if n in read or not (late(n) or n in SHELL_STATE))
 
     def pump(self, timeout: float = 0.0) -> Any:
         """Read one message (exit notices are filed); None when nothing came."""
@@ -368,6 +372,9 @@ def close_all() -> None:
 # ---------------------------------------------------------------------------
 
 SHARE_ENV = "HIL_FORKSERVER_SHARE"  # the run's folder of shared parents (mode 0700)
+# Live shared parents per folder (each holds torch and vLLM, 0.65-0.85 GiB): starting one more
+# stops the least recently used (its clients keep the parents it forked for them).
+MAX_SHARED = 6
 OWNER_ENV = "HIL_FORKSERVER_OWNER"  # the process they serve: they stop when it ends
 
 
@@ -465,8 +472,10 @@ def _start_shared(python: str, env: dict[str, str], folder: Path, key: str) -> d
     """Start the shared parent of ``key`` and wait for its record (its address and key)."""
     record = folder / f"{key}.json"
     record.unlink(missing_ok=True)
+    _stop_least_used(folder, MAX_SHARED - 1)
     authkey = secrets.token_bytes(16)
     address = str(folder / f"{key}.sock")
+    Path(address).unlink(missing_ok=True)  # a stopped parent's socket
     log_path = folder / f"{key}.log"
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
@@ -491,13 +500,31 @@ def _start_shared(python: str, env: dict[str, str], folder: Path, key: str) -> d
         time.sleep(0.2)
 
 
+def _stop_least_used(folder: Path, keep: int) -> None:
+    """Stop the shared parents of ``folder`` beyond the ``keep`` most recently used (a
+    record's time is its parent's last client's); their clients keep their own parents."""
+    live = []
+    for record in folder.glob("*.json"):
+        rec = _read_record(record)
+        pid = int(rec.get("pid", 0)) if rec else 0
+        if pid_alive(pid):
+            live.append((record.stat().st_mtime, pid, record))
+    for _, pid, record in sorted(live)[:max(0, len(live) - keep)]:
+        record.unlink(missing_ok=True)  # it stops itself too, seeing its record gone
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 def shared_server(python: str, child_env: dict[str, str], folder: Path) -> ForkServer:
     """This process's parent forked from the run's shared parent for this interpreter and
     environment (the shared parent started first where there is none)."""
     from filelock import FileLock  # deferred: only a shared run needs it
 
     env = {k: v for k, v in child_env.items() if not k.startswith(PER_ENGINE_PREFIXES)}
-    key = hashlib.sha256(json.dumps([python, sorted(env.items())]).encode()).hexdigest()[:16]
+    keyed = sorted((k, v) for k, v in env.items() if k not in SHELL_STATE)
+    key = hashlib.sha256(json.dumps([python, keyed]).encode()).hexdigest()[:16]
     srv = _shared.get(key)
     if srv is not None and srv.alive:
         return srv
@@ -510,6 +537,7 @@ def shared_server(python: str, child_env: dict[str, str], folder: Path) -> ForkS
                 rec = _start_shared(python, env, folder, key)
         try:
             conn = Client(rec["address"], family="AF_UNIX", authkey=bytes.fromhex(rec["authkey"]))
+            os.utime(folder / f"{key}.json")  # used now: the last to be stopped
             break
         except (OSError, EOFError) as e:  # it stopped (idle) as this process came: start anew
             (folder / f"{key}.json").unlink(missing_ok=True)

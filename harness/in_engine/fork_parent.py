@@ -341,7 +341,7 @@ def main(argv: list[str], platform: bool = False) -> int:
 # ---------------------------------------------------------------------------
 
 # A shared parent with no client for this long stops (its pages are given back).
-SHARED_IDLE_SECONDS = 600.0
+SHARED_IDLE_SECONDS = 120.0
 OWNER_ENV = "HIL_FORKSERVER_OWNER"  # the process the shared parents serve; they stop with it
 
 
@@ -377,6 +377,8 @@ def shared_main(address: str, record: str) -> int:
         return 1
     gc.collect()
     gc.freeze()
+    # Stopped (the least recently used of a folder): leave through ``finally`` below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     listener = Listener(address, family="AF_UNIX", authkey=authkey)
     sock = listener._listener._socket  # type: ignore[attr-defined]
     _write_record(record, {"pid": os.getpid(), "address": address, "authkey": authkey.hex()})
@@ -411,6 +413,7 @@ def shared_main(address: str, record: str) -> int:
             if pid == 0:
                 code = 1
                 try:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     sock.close()  # the listening socket is the shared parent's (no unlink)
                     conn.send(("ready", {**report, "pid": os.getpid()}))
                     code = serve(conn, platform=True)

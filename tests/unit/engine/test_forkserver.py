@@ -59,6 +59,32 @@ def test_a_shared_parent_that_cannot_start_falls_back_to_the_process_own(tmp_pat
         forkserver.shared_server("/bin/false", {"PATH": os.environ["PATH"]}, share)
 
 
+def test_starting_a_shared_parent_beyond_the_limit_stops_the_least_recently_used(tmp_path):
+    # Three live "parents" (sleeping processes with records), used in the order b, c, a: keeping
+    # two stops b, the least recently used, and removes its record.
+    procs = {n: subprocess.Popen(["sleep", "60"]) for n in "abc"}
+    try:
+        for i, n in enumerate("bca"):
+            record = tmp_path / f"{n}.json"
+            record.write_text(json.dumps({"pid": procs[n].pid}))
+            os.utime(record, (1000 + i, 1000 + i))
+        forkserver._stop_least_used(tmp_path, keep=2)
+        assert procs["b"].wait(timeout=10) == -15
+        assert procs["a"].poll() is None and procs["c"].poll() is None
+        assert sorted(p.name for p in tmp_path.glob("*.json")) == ["a.json", "c.json"]
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def test_the_shells_own_variables_make_no_conflict_unless_read():
+    srv = _Server({"PWD": "/a", "LANG": "C"}, [])
+    assert srv.conflicts({"PWD": "/b", "LANG": "C"}) == []
+    assert srv.conflicts({"PWD": "/a", "LANG": "fr"}) == ["LANG"]
+    assert _Server({"PWD": "/a"}, ["PWD"]).conflicts({"PWD": "/b"}) == ["PWD"]
+
+
 def test_late_variables_are_left_to_the_child_and_the_rest_keys_the_parent():
     caller = {"PATH": "/bin", "VLLM_LOGGING_LEVEL": "INFO", "HIL_ENGINE_AUTHKEY": "x",
               "PYTEST_CURRENT_TEST": "t0 (call)"}

@@ -418,8 +418,11 @@ def test_sighup_ends_a_direct_pytest_run_as_a_ctrl_c_does(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
            *CHECKOUT_PLUGINS, f"--alluredir={results}", f"--junitxml={junit}",
            f"--hil-reports-dir={tmp_path / 'reports'}", str(tmp_path / "test_killed.py")]
+    # A run started under nohup keeps SIGHUP ignored, on purpose (the plugin handles it only
+    # where nothing else does); this child is a terminal's, whatever runs this test.
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not list(results.glob("*-result.json")):
         assert proc.poll() is None and time.monotonic() < deadline, "the run never got going"
