@@ -293,8 +293,38 @@ def _accept(listener: Listener, proc: subprocess.Popen[bytes], timeout: float) -
             raise ForkServerError(f"fork server did not connect within {timeout:.0f} s")
 
 
-class ForkedProcess:
+class _NotOurChild:
+    """The part of ``subprocess.Popen`` the harness uses, for a process that is not this
+    process's child (its exit is learned by ``poll``, which each subclass defines)."""
+
+    pid: int
+    returncode: int | None
+    what = "process"
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"{self.what} pid {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class ForkedProcess(_NotOurChild):
     """A forked engine process, with the part of ``subprocess.Popen`` EngineHost uses."""
+
+    what = "engine"
 
     def __init__(self, server: ForkServer, pid: int) -> None:
         self.server = server
@@ -315,22 +345,6 @@ class ForkedProcess:
             # The parent died: PR_SET_PDEATHSIG killed the child with it.
             self.returncode = -signal.SIGKILL
         return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"engine pid {self.pid}", timeout or 0)
-            time.sleep(0.05)
-        assert self.returncode is not None
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 _servers: dict[tuple[str, tuple[tuple[str, str], ...]], ForkServer] = {}
@@ -378,9 +392,11 @@ MAX_SHARED = 6
 OWNER_ENV = "HIL_FORKSERVER_OWNER"  # the process they serve: they stop when it ends
 
 
-class _SharedClientParent:
-    """The part of ``subprocess.Popen`` a ForkServer uses, for the parent a shared parent
-    forked for this process (not this process's child: its exit code is not ours to read)."""
+class _SharedClientParent(_NotOurChild):
+    """The parent a shared parent forked for this process (the shared parent's child: its
+    exit code is not ours to read; it has ended when its pid is gone)."""
+
+    what = "fork parent"
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -390,21 +406,6 @@ class _SharedClientParent:
         if self.returncode is None and not pid_alive(self.pid):
             self.returncode = 0
         return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"fork parent pid {self.pid}", timeout or 0)
-            time.sleep(0.05)
-        assert self.returncode is not None
-        return self.returncode
-
-    def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 _shared: dict[str, ForkServer] = {}
@@ -428,14 +429,7 @@ def close_share(folder: str) -> str:
     logs = list(Path(folder).glob("*.log"))
     served = sum(t.count("[hil] shared parent ") for t in
                  (p.read_text(errors="replace") for p in logs))
-    for record in Path(folder).glob("*.json"):
-        rec = _read_record(record)
-        pid = int(rec.get("pid", 0)) if rec else 0
-        if pid_alive(pid):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    _stop_least_used(Path(folder), keep=0)
     shutil.rmtree(folder, ignore_errors=True)
     if os.environ.get(SHARE_ENV) == folder:
         os.environ.pop(SHARE_ENV, None)

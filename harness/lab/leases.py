@@ -110,8 +110,8 @@ class LeaseManager:
                 self.broken(d) or d.why_unusable() for d in candidates)
             raise LeaseUnavailable(f"no usable device for {target} {backend or ''} {mode or ''}: {reasons}")
         lease = self._try_any(usable)  # first try every device without waiting
-        if lease is None and any(h.device.members for h in self.held.values()):
-            self._let_go(self._held_groups())  # its own group may hold the devices it needs
+        if lease is None and (groups := self._held_groups()):
+            self._let_go(groups)  # its own group may hold the devices it needs
             lease = self._try_any(usable)
         if lease is not None:
             return lease

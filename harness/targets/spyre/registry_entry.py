@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from harness.core.config import ConfigError
+from harness.targets.spyre.registry import TKV_LIMIT_ENV
 
-TKV_LIMIT_ENV = "VLLM_DT_MAX_BATCH_TKV_LIMIT"
 MODEL_CONFIG_FILE_ENV = "SENDNN_INFERENCE_MODEL_CONFIG_FILE"
 
 
@@ -61,6 +61,9 @@ def entry_problem(info: dict[str, Any]) -> str | None:
     """Harness side: why the started engine does not run with what its registry entry
     declares (its KV blocks, each variable), or None (no entry applied, or all as declared)."""
     facts = info.get("registry") or {}
+    if facts.get("error"):  # the engine could not ask the plugin's registry: nothing held
+        return (f"the plugin's registry could not be asked, in the engine, which entry it"
+                f" applied: {facts['error']}")
     entry = facts.get("entry")
     if not entry:
         return None

@@ -46,6 +46,14 @@ def test_an_engine_whose_blocks_or_variables_differ_from_its_entry_is_refused_na
     assert f"runs with {TKV_LIMIT_ENV}=None" in entry_problem(_info(env={}))
 
 
+def test_an_entry_the_engine_could_not_read_is_a_problem_not_a_pass():
+    # The plugin's registry raised in the engine (engine_info records the error): the start
+    # check cannot hold the engine to its entry, and says so instead of passing.
+    info = {"kv_num_blocks": 20, "registry": {"entry": None, "error": "AttributeError('x')"}}
+    problem = entry_problem(info)
+    assert problem and "could not be asked" in problem and "AttributeError('x')" in problem
+
+
 def test_the_block_count_expected_is_the_override_rounded_down_to_a_multiple_of_the_batch():
     # The platform rounds an override down to a multiple of max_num_seqs: 18 at batch 4 is 16.
     assert entry_problem({**_info(blocks=16, declared_blocks=18), "max_num_seqs": 4}) is None
