@@ -41,13 +41,19 @@ def reference_requests(tokenizer: Any) -> list[tuple[tuple[int, ...], int]]:
     ps = PromptSet.load("token_equality")
     scenarios += [ps.scenario(case, tokenizer) for case in ps.case_ids()]
     model = SimpleNamespace(tokenizer=tokenizer)
-    limits = test_block_freeing.LIMITS
+    from harness.scenario.prompts import EngineLimits
+
+    limits = EngineLimits(test_block_freeing.MAX_MODEL_LEN, test_block_freeing.MAX_NUM_SEQS,
+                          cp_chunk=128)
+    # the CPU's limits: a test's own (the suites' hil.limits changes them on a card only)
+    cpu = SimpleNamespace(limits=lambda variant, ctx, seqs, cp_chunk=128, round_batch=False:
+                          EngineLimits(ctx, seqs, cp_chunk=cp_chunk))
     scenarios += [
         test_block_freeing.shaped_scenario(name, tokenizer, shapes, limits)
         for name, shapes in test_block_freeing.SCENARIOS.items()
     ]
     scenarios += [
-        test_no_recompute.full_batch_scenario(model, SimpleNamespace(target=target), seqs,
+        test_no_recompute.full_batch_scenario(cpu, model, SimpleNamespace(target=target), seqs,
                                               prompt_len)
         # The request lengths differ per target kind: each kind that runs here (on the CPU).
         for target in cpu_kinds()

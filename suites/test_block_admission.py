@@ -16,9 +16,10 @@ the variants that hold back do not run: one run each). A stack whose mode lacks 
 (vllm-spyre 1.x chunked prefill) is held to the same.
 
 sendnn-inference refuses a pool below a full batch unless the batch TKV limit
-(``VLLM_DT_MAX_BATCH_TKV_LIMIT``, the Spyre plugins' variable; vLLM ignores it) is at most the
-pool's usable tokens: the limit is set to that, so on 2.x the pool is the smallest the limit
-allows. The limits are module constants, so a geometry can replace them.
+(``VLLM_DT_MAX_BATCH_TKV_LIMIT``, the Spyre plugins' variable) is at most the pool's usable
+tokens: where the device sizes the pool, the limit is set to that, so on 2.x the pool is the
+smallest the limit allows. The limits are module constants, in the context the device compiles
+(``hil.limits``: a card's is 512).
 """
 
 import math
@@ -27,7 +28,7 @@ import pytest
 
 from harness.checks.admission import check_blocks_limited_admission
 from harness.checks.preemption import check_no_preemption
-from harness.scenario.prompts import EngineLimits, Scenario
+from harness.scenario.prompts import Scenario
 from harness.targets import kind
 from harness.targets.full_batch import full_batch_scenario
 
@@ -40,45 +41,46 @@ CP_CHUNK = 128
 # request a block its output never reaches (harness.checks.promises.blocks_to_serve).
 PROMPT_LEN = 65
 FITTING = 2  # full-length requests the pool holds at once (plus the pad block)
-# The usable tokens of the Spyre pool (8 blocks of 64, the pad block left out): the largest
-# limit with which sendnn-inference accepts a pool below a full batch.
-BATCH_TKV_LIMIT = 448
 TKV_LIMIT_ENV = "VLLM_DT_MAX_BATCH_TKV_LIMIT"
 HOLDS_BACK = "holds_back_on_blocks"
 
 
-def pool_of_fitting_requests(target: str, stack: str, scenario: Scenario) -> dict[str, int]:
-    """A pool of ``FITTING`` of ``scenario``'s requests plus the pad blocks: the harness's
-    pool geometry where it sizes the pool (requests of max_model_len); where the device sizes
-    it, its blocks with the count overridden, rounded up to a multiple of ``MAX_NUM_SEQS`` (a
-    Spyre device's pool is one: given another count, sendnn-inference 2.6.3's scheduler
-    keeps it while the device's KV cache is rounded down, and the scheduler hands out a
-    block the cache lacks)."""
-    sized = kind(target).full_batch_pool(MAX_MODEL_LEN, FITTING, stack)
+def pool_of_fitting_requests(target: str, stack: str,
+                              scenario: Scenario) -> tuple[dict[str, int], int | None]:
+    """A pool of ``FITTING`` of ``scenario``'s requests plus the pad blocks, and the batch TKV
+    limit it takes: the harness's pool geometry where it sizes the pool (requests of
+    max_model_len; no limit); where the device sizes it, its blocks with the count
+    overridden, rounded up to a multiple of ``MAX_NUM_SEQS`` (a Spyre device's pool is one:
+    given another count, sendnn-inference 2.6.3's scheduler keeps it while the device's KV
+    cache is rounded down, and the scheduler hands out a block the cache lacks), and the
+    pool's usable tokens as the limit (the pad block left out: the largest limit with which
+    sendnn-inference accepts a pool below a full batch; 448 at context 256)."""
+    max_model_len = scenario.limits.max_model_len
+    sized = kind(target).full_batch_pool(max_model_len, FITTING, stack)
     if sized:
-        return sized
+        return sized, None
     geometry = kind(target).geometry()
-    block = geometry.block_tokens(MAX_MODEL_LEN)
+    block = geometry.block_tokens(max_model_len)
     per_request = max(math.ceil((len(r.prompt_token_ids) + r.max_tokens) / block)
                       for r in scenario.requests)
     blocks = FITTING * per_request + geometry.pad_blocks
     blocks = math.ceil(blocks / MAX_NUM_SEQS) * MAX_NUM_SEQS
     assert (blocks - geometry.pad_blocks) // per_request == FITTING, (
         f"a pool of {blocks} blocks holds more than {FITTING} requests of {per_request} blocks")
-    return {"num_blocks_override": blocks}
+    return {"num_blocks_override": blocks}, (blocks - geometry.pad_blocks) * block
 
 
 def run_in_a_pool_of_fitting_requests(hil, model, target_variant):
     """The full batch of ``MAX_NUM_SEQS`` requests run step by step in a pool that holds
     ``FITTING`` of them, at the batch TKV limit that pool allows; the scenario, the engine
     and the trace."""
-    limits = EngineLimits(MAX_MODEL_LEN, MAX_NUM_SEQS, cp_chunk=CP_CHUNK)
+    limits = hil.limits(target_variant, MAX_MODEL_LEN, MAX_NUM_SEQS, cp_chunk=CP_CHUNK)
     scenario = full_batch_scenario(model.tokenizer, target_variant.target, limits, PROMPT_LEN)
     stack = hil.engine_config(target_variant, model, scenario).stack
-    engine = hil.engine_config(target_variant, model, scenario,
-                               **pool_of_fitting_requests(target_variant.target, stack, scenario),
-                               extra_env=(*target_variant.device_env,
-                                          (TKV_LIMIT_ENV, str(BATCH_TKV_LIMIT))))
+    pool, tkv_limit = pool_of_fitting_requests(target_variant.target, stack, scenario)
+    tkv_env = () if tkv_limit is None else ((TKV_LIMIT_ENV, str(tkv_limit)),)
+    engine = hil.engine_config(target_variant, model, scenario, **pool,
+                               extra_env=(*target_variant.device_env, *tkv_env))
     return scenario, engine, hil.run_steps(engine, scenario)
 
 

@@ -7,7 +7,7 @@ warmup and again at idle, and the tokens must still equal the reference.
 
 import pytest
 
-from harness.scenario.prompts import EngineLimits, shaped_scenario
+from harness.scenario.prompts import shaped_scenario
 from harness.targets import kind
 from harness.targets.geometry import FULL_BATCH
 
@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.hil_controls("pausing"),
 ]
 
-LIMITS = EngineLimits(max_model_len=256, max_num_seqs=4, cp_chunk=128)
+MAX_MODEL_LEN, MAX_NUM_SEQS = 256, 4  # in the context the device compiles (hil.limits)
 
 # (prompt tokens, max_tokens, arrival step[, the step before which it is aborted]) per request
 SCENARIOS = {
@@ -37,7 +37,8 @@ SCENARIOS = {
 
 
 def test_every_block_is_free_after_warmup(hil, model, target_variant):
-    scenario = shaped_scenario("warmup", model.tokenizer, [(8, 1, 0)], LIMITS)
+    limits = hil.limits(target_variant, MAX_MODEL_LEN, MAX_NUM_SEQS)
+    scenario = shaped_scenario("warmup", model.tokenizer, [(8, 1, 0)], limits)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     hil.expect(hil.check_idle_ledgers(engine, "after warmup"))
@@ -45,7 +46,8 @@ def test_every_block_is_free_after_warmup(hil, model, target_variant):
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_blocks_return_to_the_pool(hil, model, target_variant, name):
-    scenario = shaped_scenario(name, model.tokenizer, SCENARIOS[name], LIMITS)
+    limits = hil.limits(target_variant, MAX_MODEL_LEN, MAX_NUM_SEQS)
+    scenario = shaped_scenario(name, model.tokenizer, SCENARIOS[name], limits)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     trace = hil.run_steps(engine, scenario)
@@ -62,7 +64,8 @@ def test_dummy_padding_blocks_are_taken_and_returned(hil, model, target_variant)
     the batch empties; a declared stack whose ledgers show no dummy fails, and so does a
     dummy on a stack that declares none."""
     shapes = SCENARIOS["second-request-joins-while-first-decodes"]
-    scenario = shaped_scenario("dummy-padding", model.tokenizer, shapes, LIMITS)
+    limits = hil.limits(target_variant, MAX_MODEL_LEN, MAX_NUM_SEQS)
+    scenario = shaped_scenario("dummy-padding", model.tokenizer, shapes, limits)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     trace = hil.run_steps(engine, scenario)

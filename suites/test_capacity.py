@@ -35,11 +35,12 @@ from harness.targets.geometry import FULL_BATCH
 pytestmark = [pytest.mark.capacity, pytest.mark.nightly, pytest.mark.timeout(900)]
 
 MAX_MODEL_LEN = 256
+PAIR = EngineLimits(MAX_MODEL_LEN, 2, cp_chunk=128)  # the harness-sized pools' tests: any target
 
 
-def full_length_scenario(model, max_num_seqs=2):
-    limits = EngineLimits(MAX_MODEL_LEN, max_num_seqs, cp_chunk=128)
-    return shaped_scenario("one-full-length", model.tokenizer, [(64, MAX_MODEL_LEN - 64, 0)], limits)
+def full_length_scenario(model, limits=PAIR):
+    return shaped_scenario("one-full-length", model.tokenizer,
+                           [(64, limits.max_model_len - 64, 0)], limits)
 
 
 @pytest.mark.hil_needs("harness_sized_pool")
@@ -77,9 +78,11 @@ def test_exactly_one_request_plus_pad_block_serves_a_full_length_request(hil, mo
 
 @pytest.mark.hil_needs("refuses_small_pool")
 def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
-    scenario = full_length_scenario(model, max_num_seqs=2)
+    # in the shape the device compiles (a card: context 512, batch 4)
+    limits = hil.limits(target_variant, MAX_MODEL_LEN, 2, round_batch=True)
+    scenario = full_length_scenario(model, limits)
     block_size = kind(target_variant.target).geometry().block_size  # the device's fixed blocks
-    too_few = MAX_MODEL_LEN // block_size  # one full-length request, no pad block
+    too_few = limits.max_model_len // block_size  # one full-length request, no pad block
     engine = hil.engine_config(target_variant, model, scenario, num_blocks_override=too_few)
 
     with hil.expect_refusal(), pytest.raises(EngineStartError) as refused:
@@ -90,8 +93,7 @@ def test_device_refuses_too_few_blocks_at_start(hil, model, target_variant):
         raise refused.value  # the start failed, but not with the refusal: report that failure
 
 
-def full_batch(model, target_variant, max_num_seqs=2):
-    limits = EngineLimits(MAX_MODEL_LEN, max_num_seqs, cp_chunk=128)
+def full_batch(model, target_variant, limits=PAIR):
     return full_batch_scenario(model.tokenizer, target_variant.target, limits, 64)
 
 
@@ -101,17 +103,21 @@ def test_device_decided_block_count_serves_a_full_batch(hil, model, target_varia
     what the engine really holds, the KV cache the device allocated (its tensors' block
     count, where the ledger reads it) and the pool its scheduler hands blocks out of, holds
     a full batch, and serves one: every request running at once, none preempted."""
-    scenario = full_batch(model, target_variant)
+    # in the shape the device compiles (a card: context 512, batch 4)
+    limits = hil.limits(target_variant, MAX_MODEL_LEN, 2, round_batch=True)
+    scenario = full_batch(model, target_variant, limits)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     pool = hil.kv_pool(engine)
     # The pad block count comes from the ledger: vllm-spyre 0.4 has none.
-    need = blocks_needed(MAX_MODEL_LEN, 2, pool.block_size, pad_blocks=pool.pad_blocks)
+    need = blocks_needed(limits.max_model_len, limits.max_num_seqs, pool.block_size,
+                         pad_blocks=pool.pad_blocks)
     hil.expect(check_engine_serves_full_batch(need, pool))
 
     trace = hil.run_steps(engine, scenario)
 
-    hil.expect(check_full_batch(trace, 2), check_no_preemption(trace), trace=trace)
+    hil.expect(check_full_batch(trace, limits.max_num_seqs), check_no_preemption(trace),
+               trace=trace)
 
 
 @pytest.mark.hil_needs("harness_sized_pool")

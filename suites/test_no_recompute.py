@@ -32,11 +32,12 @@ pytestmark = [pytest.mark.no_recompute, pytest.mark.nightly, pytest.mark.timeout
 MAX_MODEL_LEN = 256
 
 
-def full_batch_scenario(model, target_variant, max_num_seqs, prompt_len):
+def full_batch_scenario(hil, model, target_variant, max_num_seqs, prompt_len):
     """max_num_seqs requests of prompt_len tokens, each as long as the target lets one be
     (vllm-cpu: prompt and output fill max_model_len, every block of its share of the pool;
-    spyre: one block of tkv headroom, see SpyreTarget.full_length_max_tokens)."""
-    limits = EngineLimits(MAX_MODEL_LEN, max_num_seqs, cp_chunk=128)
+    spyre: one block of tkv headroom, see SpyreTarget.full_length_max_tokens), in the context
+    the device compiles for MAX_MODEL_LEN (a card's is 512)."""
+    limits = hil.limits(target_variant, MAX_MODEL_LEN, max_num_seqs)
     return fill_batch(model.tokenizer, target_variant.target, limits, prompt_len)
 
 
@@ -45,7 +46,7 @@ def full_batch_scenario(model, target_variant, max_num_seqs, prompt_len):
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 @pytest.mark.parametrize("prompt_len", [63, 64, 65])
 def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_seqs, prompt_len):
-    scenario = full_batch_scenario(model, target_variant, max_num_seqs, prompt_len)
+    scenario = full_batch_scenario(hil, model, target_variant, max_num_seqs, prompt_len)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH)
 
     trace = hil.run_steps(engine, scenario)
@@ -58,8 +59,8 @@ def test_full_batch_runs_without_recompute(hil, model, target_variant, max_num_s
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 def test_one_block_per_sequence_needs_one_block_more_than_max_num_seqs(hil, model, target_variant, max_num_seqs):
     """block_size == max_model_len: max_num_seqs + 1 blocks (the null block) serve a full batch."""
-    scenario = full_batch_scenario(model, target_variant, max_num_seqs, 64)
-    engine = hil.engine_config(target_variant, model, scenario, block_size=MAX_MODEL_LEN,
+    scenario = full_batch_scenario(hil, model, target_variant, max_num_seqs, 64)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=scenario.limits.max_model_len,
                                num_blocks_override=max_num_seqs + 1)
 
     trace = hil.run_steps(engine, scenario)
@@ -73,8 +74,8 @@ def test_one_block_per_sequence_needs_one_block_more_than_max_num_seqs(hil, mode
 def test_negative_control_off_by_one_geometry_is_reported(hil, model, target_variant, max_num_seqs):
     """max_num_seqs full-length blocks (forgetting the null block): one request is held back,
     and the precondition check must say so."""
-    scenario = full_batch_scenario(model, target_variant, max_num_seqs, 64)
-    engine = hil.engine_config(target_variant, model, scenario, block_size=MAX_MODEL_LEN,
+    scenario = full_batch_scenario(hil, model, target_variant, max_num_seqs, 64)
+    engine = hil.engine_config(target_variant, model, scenario, block_size=scenario.limits.max_model_len,
                                num_blocks_override=max_num_seqs)
 
     trace = hil.run_steps(engine, scenario)
@@ -90,10 +91,10 @@ def test_negative_control_decode_growth_preempts(hil, model, target_variant, max
     """Small blocks and a cache just big enough for the prompts: decoding runs out of blocks,
     requests are preempted and recomputed; every signal must see it, tokens must still match."""
     prompt_len = 64
-    scenario = full_batch_scenario(model, target_variant, max_num_seqs, prompt_len)
+    scenario = full_batch_scenario(hil, model, target_variant, max_num_seqs, prompt_len)
     # Enough for every prompt (and for one request to run to full length alone), no more.
     block_size = hil.block_size(target_variant)  # the size the stack's vLLM takes
-    need = blocks_needed(MAX_MODEL_LEN, max_num_seqs, block_size)
+    need = blocks_needed(scenario.limits.max_model_len, max_num_seqs, block_size)
     prompts = max_num_seqs * math.ceil((prompt_len + 1) / block_size) + need.pad_blocks
     engine = hil.engine_config(target_variant, model, scenario, block_size=block_size,
                                num_blocks_override=max(prompts, need.one_request))
@@ -135,7 +136,7 @@ def test_negative_control_forced_preemption_is_seen(hil, model, target_variant):
     drops it and prefills it again: its kind's runner-preemption hook); every signal must see it,
     tokens must still match. Short requests: the control needs a few decode steps, not a full
     pool."""
-    limits = EngineLimits(MAX_MODEL_LEN, 2, cp_chunk=128)
+    limits = hil.limits(target_variant, MAX_MODEL_LEN, 2)
     scenario = shaped_scenario("preempted-once-2x64", model.tokenizer, [(64, 12, 0)] * 2, limits)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH,
                                faults=["preempt-running-once"])

@@ -17,7 +17,6 @@ import pytest
 
 from harness.checks.preemption import check_no_recompute, check_pausing_seen
 from harness.checks.tkv import check_tkv_recorded
-from harness.scenario.prompts import EngineLimits
 from harness.targets import kind
 from harness.targets.full_batch import full_batch_scenario
 from harness.targets.geometry import FULL_BATCH
@@ -28,20 +27,21 @@ MAX_MODEL_LEN = 256
 MAX_NUM_SEQS = 4
 CHUNK = 128
 TKV_LIMIT_ENV = "VLLM_DT_MAX_BATCH_TKV_LIMIT"  # the plugin's batch TKV limit (not prefixed)
-# Below a full batch's max_model_len x max_num_seqs (1024): four requests decoding past a TKV
-# of 128 pass it, three past 170, two never (each request ends at 192 tokens).
-TKV_LIMIT = 512
+# Half a full batch's max_model_len x max_num_seqs (at 256 x 4: 512 of 1024): four requests
+# decoding past a TKV of 128 pass it, three past 170, two never (each request ends at 192
+# tokens); in a card's context (512) the same at twice the tokens.
 PROMPT_LEN = 64
 
 
 @pytest.mark.hil_first_model  # each run starts its own engine: one model keeps CI cost small
 @pytest.mark.hil_needs("pausing")
 def test_full_length_batch_pauses_exactly_at_the_tkv_limit(hil, model, target_variant):
-    limits = EngineLimits(MAX_MODEL_LEN, MAX_NUM_SEQS, cp_chunk=CHUNK)
+    limits = hil.limits(target_variant, MAX_MODEL_LEN, MAX_NUM_SEQS, cp_chunk=CHUNK)
+    tkv_limit = limits.max_model_len * limits.max_num_seqs // 2
     scenario = full_batch_scenario(model.tokenizer, target_variant.target, limits, PROMPT_LEN)
     engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH,
                                extra_env=(*target_variant.device_env,
-                                          (TKV_LIMIT_ENV, str(TKV_LIMIT))))
+                                          (TKV_LIMIT_ENV, str(tkv_limit))))
     lacking = kind(engine.target).capability_problem(target_variant, "pausing", engine.stack)
     if lacking:
         pytest.skip(f"{lacking}: no batch TKV limit to keep")

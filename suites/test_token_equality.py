@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.token_equality, pytest.mark.nightly, pytest.mark.timeo
 
 @pytest.mark.parametrize("case", PROMPTS.case_ids())
 def test_greedy_tokens_equal_reference(hil, model, target_variant, case):
-    scenario = hil.scenario(PROMPTS, case, model)
+    scenario = hil.scenario(PROMPTS, case, model, target_variant)  # as the device compiles it
     engine = hil.engine_config(target_variant, model, scenario)
 
     reference = hil.reference(model, scenario)

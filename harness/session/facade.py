@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from harness.lab.leases import LeaseManager
 from harness.reference.cache import ReferenceCache
 from harness.reference.runner import ReferenceRunner
 from harness.scenario.catalog import Model, ModelCatalog
-from harness.scenario.prompts import PromptSet, Scenario
+from harness.scenario.prompts import EngineLimits, PromptSet, Scenario
 from harness.session.listeners import Listeners, SessionListener
 from harness.session.options import SessionOptions
 from harness.session.precision import PrecisionDesk, calibration_source
@@ -132,8 +132,24 @@ class HilSession(SessionVerdicts):
         """Resolve ``tiny-llama``/``tiny-granite`` (built on demand) or a local folder."""
         return self.models.model(value)
 
-    def scenario(self, prompt_set: str | PromptSet, case: str, model: Model) -> Scenario:
-        return self.models.scenario(prompt_set, case, model)
+    def scenario(self, prompt_set: str | PromptSet, case: str, model: Model,
+                 variant: TargetVariant | None = None) -> Scenario:
+        """Case ``case`` of ``prompt_set`` for ``model``; with ``variant``, in the limits its
+        device compiles for the set's (``limits``)."""
+        scenario = self.models.scenario(prompt_set, case, model)
+        if variant is None:
+            return scenario
+        return replace(scenario, limits=kind(variant.target).compiled_limits(variant, scenario.limits))
+
+    def limits(self, variant: TargetVariant, max_model_len: int, max_num_seqs: int,
+               cp_chunk: int | None = 128, round_batch: bool = False) -> EngineLimits:
+        """The engine limits a test asks for, as ``variant``'s device compiles them: on a
+        Spyre card a context of at least 512 (harness.targets.spyre.card_shape), the test's
+        own elsewhere; with ``round_batch`` (a test whose batch size is its choice, not its
+        subject) the batch too. A test that sizes its requests or its batch by the limits
+        reads them from here."""
+        return kind(variant.target).compiled_limits(
+            variant, EngineLimits(max_model_len, max_num_seqs, cp_chunk=cp_chunk), round_batch)
 
     # -- engines ------------------------------------------------------------
     def engine_config(
@@ -154,7 +170,14 @@ class HilSession(SessionVerdicts):
         if self.opts.faults and "faults" not in overrides:
             overrides["faults"] = self.opts.faults
         overrides.setdefault("stack", self.opts.stack)
-        return variant.engine_config(str(model.path), scenario.limits, **overrides)
+        cfg = variant.engine_config(str(model.path), scenario.limits, **overrides)
+        problem = kind(variant.target).compile_problem(cfg)
+        if problem:  # the device would refuse it at start: the test's shape does not run there
+            chunk = (f", chunk {cfg.max_num_batched_tokens}"
+                     if cfg.max_num_batched_tokens is not None else "")
+            pytest.skip(f"{problem}; this test's engine: context {cfg.max_model_len}, batch"
+                        f" {cfg.max_num_seqs}{chunk}")
+        return cfg
 
     def block_size(self, variant: TargetVariant, geometry: str = PAGED) -> int | None:
         """The block size of ``variant``'s ``geometry`` on this session's stack (the size its

@@ -32,6 +32,7 @@ from harness.targets.device_kind import DeviceKind
 if TYPE_CHECKING:
     from harness.core.trace import Trace
     from harness.geometry.catalog import Geometry
+    from harness.scenario.prompts import EngineLimits
 
 
 class KindHooks:
@@ -181,6 +182,21 @@ class KindHooks:
             return (f"{variant.id} has no batch TKV limit: geometry {geometry.name!r} (limit"
                     f" {geometry.batch_tkv_limit}) would run as its own pool and batch alone")
         return None
+
+    @classmethod
+    def compile_problem(cls, cfg: EngineConfig) -> str | None:
+        """Why the device would not compile an engine of ``cfg``'s shape (a skip quoting it:
+        the test asked for a shape the device does not run), or None; a kind whose device
+        compiles no fixed shapes has no such problem."""
+        return None
+
+    @classmethod
+    def compiled_limits(cls, variant: TargetVariant, limits: EngineLimits,
+                        round_batch: bool = False) -> EngineLimits:
+        """The smallest limits the device compiles that hold a test's ``limits`` (the test's
+        own where the device takes any shape); the batch too with ``round_batch`` (a test
+        whose batch size is not its subject)."""
+        return limits
 
     @classmethod
     def tensor_parallel_problem(cls, variant: TargetVariant, ranks: int,

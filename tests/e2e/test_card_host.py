@@ -29,12 +29,15 @@ RUN_SH = ROOT / "tools" / "card-host" / "run.sh"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.card_host, pytest.mark.timeout(1500)]
 
-# base stack -> (its plugin generation, the card modes it runs, tests run.sh's selection passes;
-# its `capacity` keyword takes in the block-admission suite: the modes that hold back on blocks)
+# base stack -> (its plugin generation, the card modes it runs, tests run.sh's selection passes
+# (its `capacity` keyword takes in the block-admission suite: the modes that hold back on
+# blocks), tests it skips as of a shape a card does not compile: vllm-spyre 1.x's reservation
+# edge, written for a batch of two)
 BASES = {
-    "default": ("sendnn-inference 2.x", ("cp", "pc"), 14),
-    SPYRE_1X_STACK: ("vllm-spyre 1.x", ("sb", "cb", "cp"), 17),
+    "default": ("sendnn-inference 2.x", ("cp", "pc"), 14, 0),
+    SPYRE_1X_STACK: ("vllm-spyre 1.x", ("sb", "cb", "cp"), 15, 2),
 }
+NOT_COMPILED = "a Spyre card does not compile this engine"
 
 
 def image_env(base: str) -> dict[str, str]:
@@ -73,7 +76,7 @@ def card_host(run_dir: Path, *args: str, base: str = "default",
 
 @pytest.mark.parametrize("base", ["default", pytest.param(SPYRE_1X_STACK, marks=needs_spyre_1x)])
 def test_every_card_suite_runs_on_two_cards_one_engine_each(tmp_path: Path, base: str) -> None:
-    generation, modes, passing = BASES[base]
+    generation, modes, passing, not_compiled = BASES[base]
     rc, out, results, events = card_host(tmp_path / "run", base=base)
     assert rc == 0, out[-4000:]
     for name, (outcome, message) in results.items():
@@ -81,8 +84,12 @@ def test_every_card_suite_runs_on_two_cards_one_engine_each(tmp_path: Path, base
         assert mode, name
         # A mode the image's plugin generation lacks is not collected on the host stack.
         assert mode.group(1) in modes, (name, generation)
-        assert outcome == "passed", (name, message[:2000])
+        # Every engine started is of a shape a card compiles (the emulated runtime refuses
+        # others at start); a test written for another skips saying so, and no test else.
+        assert outcome == "passed" or (outcome == "skipped" and NOT_COMPILED in message), (
+            name, message[:2000])
     assert sum(o == "passed" for o, _ in results.values()) == passing, sorted(results)
+    assert sum(o == "skipped" for o, _ in results.values()) == not_compiled, sorted(results)
     suites = {"token_equality", "no_recompute", "block_freeing", "capacity"}
     ran = {c.get("classname", "").rpartition(".")[2].removeprefix("test_") for c in
            ET.parse(tmp_path / "run" / "reports" / "junit.xml").getroot().iter("testcase")}
@@ -107,7 +114,7 @@ def _one_failure(results: dict[str, tuple[str, str]], out: str) -> str:
 @pytest.mark.parametrize("selection, fault, message, category", [
     ("token_equality and cp-pair", "perturb-logit:position=3", "not a near-tie", "token mismatch"),
     ("back-to-idle and cp", "forget-free", "kv invariant conservation broken at step", "block leak"),
-    ("no_recompute and cp-64-2", "forget-free", "kv invariant conservation broken at step",
+    ("no_recompute and cp-64-4", "forget-free", "kv invariant conservation broken at step",
      "block leak"),
     ("capacity and refuses and cp", "crash-engine:when=start", "died with exit code",
      "engine crash / harness error"),
@@ -127,20 +134,21 @@ FOUR_CARDS = {"HIL_CARD_HOST_CARDS": "4", "HIL_CARD_HOST_GROUP": "4"}
 
 
 def test_an_engine_on_another_card_or_the_simulator_fails_the_verification(tmp_path: Path) -> None:
-    # One run on a 4-card host (one worker: it leases card0, card1 or card2, never card3),
-    # three engines: on cp the runtime of rank 0 is pointed at card3, which the harness did not
-    # lease; on pc it opens the simulator (FLEX_COMPUTE=SENULATOR); the cp TP 2 engine on the
-    # group card0+card1 gets the same variables and rank 1 pointed at rank 0's card.
+    # One run on a 4-card host whose inventory declares group0 (all four cards; one worker: a
+    # one-card engine leases card0), three engines: on cp the runtime of rank 0 is pointed at
+    # card3, which the harness did not lease for it; on pc it opens the simulator
+    # (FLEX_COMPUTE=SENULATOR); the cp TP 4 engine on group0 gets the same variables and rank 1
+    # pointed at rank 0's card.
     rc, out, results, _ = card_host(
         tmp_path / "run", "-k", "token_equality and (cp-pair or pc-pair) or "
-        "test_full_batch_in_geometry and tiny-llama and cp-tp2", "--geometry", "small,tp2",
+        "test_full_batch_in_geometry and tiny-llama and cp-tp4", "--geometry", "small,tp4",
         "--inject-fault", "open-other-card:address=0000:3e:00.0,variant=spyre-sendnn-cp",
         "--inject-fault", "open-other-card:address=0000:3b:00.0,of_rank=1,variant=spyre-sendnn-cp",
         "--inject-fault", "open-simulator:variant=spyre-sendnn-pc", host_env=FOUR_CARDS)
     assert rc == 1, out[-4000:]
     failed = {name: m for name, (o, m) in results.items() if o in ("failure", "error")}
     assert len(failed) == 3, out[-4000:]
-    group = failed.pop("test_full_batch_in_geometry[tiny-llama-spyre-sendnn-cp-tp2]")
+    group = failed.pop("test_full_batch_in_geometry[tiny-llama-spyre-sendnn-cp-tp4]")
     assert "is not the leased card group's Spyre sendnn engine (wrong opened)" in group, group[:3000]
     assert "rank 0's runtime would open AIU_WORLD_RANK_0=0000:3e:00.0, not its card 0000:3b:00.0" in group
     assert "rank 1 opened SEN:VFIO:0000:3b:00.0, expected SEN:VFIO:0000:3c:00.0" in group

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from torch_sendnn import device
+from torch_sendnn import compiler, device
 from torch_sendnn.log import dtlog
 
 _opened: str | None = None
@@ -40,7 +40,9 @@ def _cache_record(gm: Any, options: dict[str, Any]) -> None:
 
 
 def sendnn(gm: Any, example_inputs: list[Any], options: dict[str, Any] | None = None) -> Callable[..., Any]:
-    """Dynamo backend: record the compile, open the card on first run, run on the CPU."""
+    """Dynamo backend: refuse a shape the card does not compile, record the compile, open
+    the card on first run, run on the CPU."""
+    compiler.check_dynamic_shape(dict(options or {}))
     _cache_record(gm, dict(options or {}))
 
     weights: dict[int, tuple[Any, Any]] = {}  # id(fp32 parameter) -> (parameter, fp16 copy)

@@ -18,6 +18,7 @@ from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.devices import DeviceScan, InventoryDevice, device_root
 from harness.in_engine.kind_modules import BATCH_ORDER
+from harness.scenario.prompts import EngineLimits
 from harness.targets.base import (
     OFFLINE_ENV,
     DeviceKind,
@@ -27,7 +28,7 @@ from harness.targets.base import (
     VllmTarget,
 )
 from harness.targets.declarations import cpu_tensor_parallel_problem
-from harness.targets.spyre import padding
+from harness.targets.spyre import card_shape, padding
 from harness.targets.spyre.card import (
     ALLOW_EMULATED_ENV,
     DEVICE_DTYPES,
@@ -223,6 +224,40 @@ class SpyreTarget(VllmTarget):
             return (f"{variant.id} on stack {stack}: a TP {ranks} engine on a card group runs"
                     " on sendnn-inference 2.x (the default stack) in this harness")
         return cpu_tensor_parallel_problem(ranks, stack)
+
+    @classmethod
+    def compile_problem(cls, cfg: EngineConfig) -> str | None:
+        """A continuous-batching engine on a card must be of a shape the card compiles
+        (harness.targets.spyre.card_shape); static batching compiles its warmup shapes."""
+        if cfg.backend != "sendnn" or cfg.mode == "sb":
+            return None
+        problems = card_shape.shape_problems(cfg.max_model_len, cfg.max_num_seqs,
+                                             cfg.max_num_batched_tokens)
+        if not problems:
+            return None
+        return (f"{cfg.variant_id}: a Spyre card does not compile this engine"
+                f" ({'; '.join(problems)}); a card compiles {card_shape.RULES}"
+                " (harness/targets/spyre/card_shape.py)")
+
+    @classmethod
+    def compiled_limits(cls, variant: Any, limits: EngineLimits,
+                        round_batch: bool = False) -> EngineLimits:
+        if variant.backend != "sendnn" or variant.mode == "sb":
+            return limits
+        return card_shape.card_limits(limits, round_batch)
+
+    @classmethod
+    def geometry_problem(cls, variant: Any, geometry: Any, stack: str) -> str | None:
+        problem = super().geometry_problem(variant, geometry, stack)
+        if problem or variant.backend != "sendnn" or variant.mode == "sb":
+            return problem
+        shape = card_shape.shape_problems(geometry.max_model_len, geometry.max_num_seqs,
+                                          geometry.chunk_size)
+        if shape:
+            return (f"{variant.id}: a Spyre card does not compile geometry {geometry.name!r}"
+                    f" ({'; '.join(shape)}); a card compiles {card_shape.RULES}: select a"
+                    " geometry of that shape (`card`, `tp4`, or the lab's own)")
+        return None
 
     @classmethod
     def join_reservation(cls, tkv: int, prompt_len: int, max_tokens: int,

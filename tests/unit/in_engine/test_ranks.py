@@ -213,11 +213,14 @@ def test_the_tp2_geometry_reaches_the_engine_or_says_why_not(monkeypatch):
     assert ("TP 2 needs 2 CPU cores, one per rank; this process may use 1"
             in cpu_kind.geometry_problem(variant, g, "default"))
     card = TargetVariant("spyre-sendnn-cp", "spyre", "sendnn", "cp", ("spyre", "cp"))
-    # A card engine of two ranks leases a group of two cards (harness.lab.leases): no core
-    # per rank asked, on sendnn-inference 2.x; the older generation says it does not.
-    assert kind("spyre").geometry_problem(card, g, "default") is None
-    assert ("a TP 2 engine on a card group runs on sendnn-inference 2.x"
-            in kind("spyre").geometry_problem(card, g, "spyre-1.10"))
+    # A card engine of several ranks leases a group of cards (harness.lab.leases): no core
+    # per rank asked, on sendnn-inference 2.x, in a shape a card compiles (tp4's, not tp2's
+    # context 256); the older generation says it does not.
+    assert "does not compile geometry 'tp2'" in kind("spyre").geometry_problem(card, g, "default")
+    tp4 = load_geometries()["tp4"]
+    assert kind("spyre").geometry_problem(card, tp4, "default") is None
+    assert ("a TP 4 engine on a card group runs on sendnn-inference 2.x"
+            in kind("spyre").geometry_problem(card, tp4, "spyre-1.10"))
     four = parse_geometry("tp4", {"description": "d", "max_model_len": 256, "max_num_seqs": 4,
                                   "chunk_size": 128, "tensor_parallel_size": 4}, "lab")
     neuron = kind("neuron")
