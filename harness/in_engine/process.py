@@ -15,6 +15,7 @@ import traceback
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
+from harness.core.cpu_share import take_share
 from harness.core.serialise import snapshot_to_dict, trace_to_dict
 from harness.core.trace import (
     SOURCE_VLLM_SCHEDULER,
@@ -128,6 +129,7 @@ class EngineSide:
         # the ranks' own (harness.in_engine.ranks).
         one_rank = int(config.get("tensor_parallel_size") or 1) == 1
         faults.apply_faults(list(config.get("faults", [])), config, rank=0 if one_rank else None)
+        take_share()  # its share of the cores, before the model's threads start
         # deferred: a heavy import, paid only where this runs
         from vllm import LLM
 

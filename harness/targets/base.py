@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from harness.core.config import ConfigError, EngineConfig
+from harness.core.cpu_share import share_env
 from harness.targets.declarations import (
     MODEL_DTYPE,
     OFFLINE_ENV,
@@ -64,8 +65,9 @@ class VllmTarget(EngineHooks, TargetKind):
         """Environment variables the engine process needs, on top of the inherited one.
 
         The one source of a kind's engine environment: stack files add only what a
-        stack needs differently (``[env]``, ``[targets.env.VARIANT]``)."""
-        return dict(OFFLINE_ENV)
+        stack needs differently (``[env]``, ``[targets.env.VARIANT]``). Every engine computes
+        with its share of the cores (harness.core.cpu_share) unless the lab set its own."""
+        return {**OFFLINE_ENV, **share_env(self.cfg.tensor_parallel_size)}
 
     def llm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM``."""

@@ -5,11 +5,12 @@ with."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from harness.core.config import EngineConfig, WarmupShape
+from harness.core.cpu_share import cores as cpu_cores
+from harness.core.cpu_share import usable_cores
 
 if TYPE_CHECKING:
     from harness.scenario.prompts import EngineLimits
@@ -39,24 +40,12 @@ def cpu_rank_binding(ranks: int) -> str | None:
     them (``VLLM_CPU_OMP_THREADS_BIND``: one list per rank, ``|`` between ranks): the cores this
     process may run on, split into ``ranks`` contiguous groups of equal size. None where there
     are fewer cores than ranks (two ranks on one core would only contend)."""
-    cores = _cores()
+    cores = cpu_cores()
     if ranks < 1 or len(cores) < ranks:
         return None
     per = len(cores) // ranks
     groups = [cores[i * per:(i + 1) * per] for i in range(ranks)]
     return "|".join(",".join(map(str, g)) for g in groups)
-
-
-def _cores() -> list[int]:
-    """The cores this process may run on (all of them where the platform cannot say)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def usable_cores() -> int:
-    """How many cores this process may run on."""
-    return len(_cores())
 
 
 # The stacks whose CPU engines run tensor-parallel ranks in this harness: vLLM's multiprocess

@@ -123,6 +123,7 @@ VARIABLES: list[Variable] = [
               "the kinds' plugin preload maps and engine modules, for the preloaded parent"),
     _internal("HIL_DEVICE_ID", "the leased device an engine runs on (lab leases)"),
     _internal("HIL_DEVICE_CARDS", "a group lease's devices, in rank order (lab leases)"),
+    _internal("HIL_ENGINE_THREADS", "the threads an engine computes with: its share of the cores"),
     _internal("HIL_FORKSERVER_SHARE",
               "the run's folder of shared preloaded parents (forkserver; this checkout's tests)"),
     _internal("HIL_FORKSERVER_OWNER", "the process the shared preloaded parents stop with"),
