@@ -37,6 +37,8 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
             pool[-1]["probe_and_check_ms_per_step"] / pool[0]["probe_and_check_ms_per_step"], 2)
     if result.get("overlap"):
         out["start_overlapped_over_serial"] = result["overlap"]["overlapped_over_serial"]
+    if result.get("ci"):
+        out["ci_wall_min"] = result["ci"]["wall_min"]
     if result.get("triage"):
         from bench.triage_cost import triage_ratios
 
@@ -59,6 +61,13 @@ def print_tables(result: dict[str, Any]) -> None:
                          f"{s['checks']:.2f}", f"{s.get('reporting_and_exit', 0):.1f}",
                          str(st.get("median")), str(st.get("p90"))])
         print("\n" + fmt_table(rows))
+    ci = result.get("ci") or {}
+    if ci:
+        crow = [["CI step (commit " + str(ci.get("commit")) + ")", "wall s", "exit", "summary"]]
+        crow += [[c["command"][:70], str(c["wall_s"]), str(c["returncode"]), c["summary"][:60]]
+                 for c in ci["steps"]]
+        crow.append(["all", str(ci["wall_s"]), "", f"{ci['wall_min']} min"])
+        print("\n" + fmt_table(crow))
     starts = result.get("engine_start") or {}
     if starts:
         srow = [["engine start", "n", "median s", "p90 s", "after first per target: median", "p90"]]

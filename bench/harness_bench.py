@@ -27,6 +27,8 @@ and keeps the others' figures from the previous latest.json. Parts, on the tiny 
   then at once (a start in a thread);
 - growth: token equality over 10, 100 and 1000 prompts on one target (batched into
   one engine call each), with time per prompt and peak memory;
+- ci (opt-in, named only): the CI wall time, the README's test command on a fresh clone of
+  HEAD, step by step (bench/ci_wall.py; ``ci.wall_min``, each step's ``wall_s``);
 - triage: what triage costs per failure (bench/triage_cost.py): one token-equality test failed
   by an injected fault, run with ``--no-triage`` and with triage; the triage seconds the
   session recorded (its statistics' ``triage``) and the wall-time difference, per triaged
@@ -67,6 +69,7 @@ SELECTION = ["suites/test_token_equality.py", "-m", "cpu", "--model", "tiny-llam
 
 
 PARTS = ("runs", "starts", "mission", "probes", "probe_by_pool", "overlap", "growth", "triage")
+OPT_IN_PARTS = ("ci",)  # run only when named: the CI wall time takes as long as CI
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one repeat (a smoke run)")
     ap.add_argument("--out", default=str(ROOT / "reports" / "bench"))
     ap.add_argument("--parts", default=",".join(PARTS),
-                    help=f"comma-separated parts to run (default all: {','.join(PARTS)}); the"
-                    " others keep their figures from the previous latest.json")
+                    help=f"comma-separated parts to run (default all: {','.join(PARTS)}; opt-in:"
+                    f" {','.join(OPT_IN_PARTS)}); the others keep their figures from the previous"
+                    " latest.json")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
+    unknown = sorted(set(parts) - set(PARTS) - set(OPT_IN_PARTS))
     if unknown:
-        ap.error(f"unknown part(s) {', '.join(unknown)}; known: {', '.join(PARTS)}")
+        ap.error(f"unknown part(s) {', '.join(unknown)}; known: {', '.join(PARTS + OPT_IN_PARTS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     selection = [*SELECTION, "-k", "single or pair"] if args.quick else SELECTION
@@ -171,6 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         result["triage"] = part("triage", lambda: triage_cost(pytest_run, cache, work))
         if result["triage"] and result["triage"].get("problem"):
             failures.append(f"triage: {result['triage']['problem']}")
+    if "ci" in parts:
+        print("CI wall time (the README's test command on a fresh clone, step by step):", flush=True)
+        from bench.ci_wall import ci_wall
+
+        result["ci"] = part("ci", lambda: ci_wall(ROOT, work))
+        if result["ci"] and result["ci"].get("problem"):
+            failures.append(f"ci: {result['ci']['problem']}")
     result["ratios"] = ratios(result)
     result["failures"] = failures
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -162,3 +162,36 @@ def test_the_mission_part_reports_the_triage_seconds_of_a_green_run(tmp_path, mo
     assert bench.main(["--parts", "mission", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "latest.json").read_text())
     assert result["green_run_triage_s"] == {"cold": 26.1, "warm": 0.02}
+
+
+def test_the_ci_part_times_the_readme_command_step_by_step_on_a_clone(tmp_path, monkeypatch):
+    import subprocess
+
+    from bench.ci_wall import ci_command, ci_steps, ci_wall
+    from harness.core.paths import REPO_ROOT
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert ci_command(REPO_ROOT) in readme  # what CI runs is the README's command
+    assert ci_steps("./setup.sh --stack a && pytest -n 2 && pytest x") == [
+        "./setup.sh --stack a", "pytest -n 2", "pytest x"]
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    (repo / "setup.sh").write_text("#!/bin/sh\nexit 0\n")
+    (repo / "setup.sh").chmod(0o755)
+
+    def commit(command: str) -> None:
+        (repo / ".ci" / "run").write_text(f"#!/bin/sh\n{command}\n")
+        subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+        subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m",
+                        "c"], cwd=repo, check=True)
+
+    monkeypatch.setenv("HIL_BENCH_LEAK", "1")  # a HIL_ variable of the caller's: unset, as CI does
+    commit("./setup.sh && echo '===== 3 passed in 1.00s =====' && test -z \"$HIL_BENCH_LEAK\"")
+    out = ci_wall(repo, tmp_path / "w1")
+    assert [s["returncode"] for s in out["steps"]] == [0, 0, 0] and out["problem"] is None
+    assert out["steps"][1]["summary"] == "3 passed in 1.00s"
+    commit("./setup.sh && false && echo never")
+    out = ci_wall(repo, tmp_path / "w2")
+    assert [s["returncode"] for s in out["steps"]] == [0, 1]  # a failed step ends the run
+    assert out["problem"] == "step failed (exit 1): false"
