@@ -42,7 +42,7 @@ from harness.explore.known import ENGINE_ERROR, KNOWN, KnownFailure, known_failu
 from harness.explore.strategies import GeometrySpace, WorkloadBounds
 from harness.geometry.catalog import Geometry, GeometryError
 from harness.geometry.fit import fit_problem
-from harness.scenario.prompts import Scenario
+from harness.scenario.prompts import EngineLimits, Scenario
 from harness.targets import kind, target_for
 
 if TYPE_CHECKING:
@@ -125,11 +125,26 @@ class ExampleRunner:
 
     # -- what the search draws from ------------------------------------------------------
     def space(self) -> GeometrySpace:
-        """The geometries this target can be asked to serve."""
+        """The geometries this target can be asked to serve: on a device that compiles some
+        shapes only (a Spyre card), its contexts and batches among those drawn."""
+        base = GeometrySpace(block_size=self.pool_geometry.block_size)
+        contexts = tuple(c for c in base.context_lengths if self._compiled(c, base.max_num_seqs)
+                         == (c, base.max_num_seqs))
+        batches = tuple(n for n in range(1, base.max_num_seqs + 1)
+                        if self._compiled(max(contexts or base.context_lengths), n)[1] == n)
+        compiled = contexts != base.context_lengths or len(batches) != base.max_num_seqs
         return GeometrySpace(block_size=self.pool_geometry.block_size,
                              pad_blocks=self.pool_geometry.pad_blocks,
                              tkv_limit=self.kind.batch_tkv_limit_env is not None,
-                             tensor_parallel=self.tensor_parallel_sizes())
+                             tensor_parallel=self.tensor_parallel_sizes(),
+                             context_lengths=contexts or base.context_lengths,
+                             batch_sizes=batches if compiled and batches else None)
+
+    def _compiled(self, max_model_len: int, max_num_seqs: int) -> tuple[int, int]:
+        """The (context, batch) the target's device compiles for this shape."""
+        limits = self.kind.compiled_limits(self.variant, EngineLimits(max_model_len, max_num_seqs),
+                                           round_batch=True)
+        return limits.max_model_len, limits.max_num_seqs
 
     def tensor_parallel_sizes(self) -> tuple[int, ...]:
         """The ranks per engine asked for (``--tensor-parallel``) that this target runs here,

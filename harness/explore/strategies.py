@@ -47,7 +47,8 @@ class GeometrySpace:
     the pools the kind sizes (block counts are drawn around what requests need of them; None:
     one block per sequence); ``tkv_limit``: the kind has a batch TKV limit;
     ``prefix_caching``: draw it on and off; ``tensor_parallel``: the ranks per engine drawn
-    (the first the simplest, where a finding shrinks to)."""
+    (the first the simplest, where a finding shrinks to); ``batch_sizes``: the batches drawn
+    (None: 1 to ``max_num_seqs``; a device that compiles some only, those)."""
 
     block_size: int | None
     pad_blocks: int = 1
@@ -57,6 +58,7 @@ class GeometrySpace:
     chunk_sizes: tuple[int, ...] = CHUNK_SIZES
     max_num_seqs: int = MAX_NUM_SEQS
     tensor_parallel: tuple[int, ...] = (1,)
+    batch_sizes: tuple[int, ...] | None = None
 
 
 def edges(steps: Iterable[int], lo: int, hi: int) -> list[int]:
@@ -96,7 +98,8 @@ def tkv_limits(max_model_len: int, max_num_seqs: int) -> list[int]:
 def geometries(draw: st.DrawFn, space: GeometrySpace) -> Geometry:
     """A geometry of ``space`` (see the module docstring for what is drawn)."""
     max_model_len = draw(st.sampled_from(space.context_lengths))
-    max_num_seqs = draw(st.integers(1, space.max_num_seqs))
+    max_num_seqs = draw(st.integers(1, space.max_num_seqs) if space.batch_sizes is None
+                        else st.sampled_from(space.batch_sizes))
     chunk = draw(st.sampled_from([c for c in space.chunk_sizes if c <= max_model_len]))
     values: dict[str, Any] = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
                               "chunk_size": chunk}

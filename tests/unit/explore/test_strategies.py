@@ -137,3 +137,26 @@ def test_tensor_parallel_sizes_are_drawn_only_where_asked_and_shrink_to_one_rank
     assert {g.tensor_parallel_size for g in draw_geometries(tp, 0, 40)} == {1, 2}
     simplest = find(geometries(tp), lambda g: True, settings=FAST)
     assert simplest.tensor_parallel_size == 1
+
+
+def _space_of(variant_id: str) -> GeometrySpace:
+    from harness.explore.runner import ExampleRunner
+    from harness.targets import kind
+
+    variant = next(v for k in ("spyre", "vllm-cpu") for v in kind(k).variants if v.id == variant_id)
+    runner = ExampleRunner.__new__(ExampleRunner)  # the space needs no session
+    runner.variant, runner.kind, runner.stack = variant, kind(variant.target), "default"
+    runner.pool_geometry = runner.kind.stack_geometry(runner.kind.sized_pool_geometry, "default")
+    runner.tensor_parallel = (1,)
+    return runner.space()
+
+
+@FAST
+@given(st.data())
+def test_a_card_is_searched_in_the_shapes_it_compiles_the_cpu_in_all(data):
+    card = _space_of("spyre-sendnn-cp")
+    assert (card.context_lengths, card.batch_sizes) == ((512,), (4,))
+    g = data.draw(geometries(card))
+    assert (g.max_model_len, g.max_num_seqs) == (512, 4)
+    cpu = _space_of("spyre-eager-cp")
+    assert cpu.context_lengths == SPACE.context_lengths and cpu.batch_sizes is None
