@@ -113,6 +113,10 @@ def scenario_params(scenario: Any, config: Any = None) -> list[ReportParam]:
     ]
     if max_num_seqs is not None:
         out.append(ReportParam("max_num_seqs", str(max_num_seqs)))
+    # the engine's context: on a card, the one it compiles for the test's (256 runs at 512)
+    max_model_len = getattr(config, "max_model_len", None) or getattr(limits, "max_model_len", None)
+    if max_model_len is not None:
+        out.append(ReportParam("max_model_len", str(max_model_len)))
     return out
 
 
