@@ -64,9 +64,14 @@ def take_share() -> int | None:
     value = os.environ.get(THREADS_ENV)
     if not value:
         return None
+    return use_threads(int(value))
+
+
+def use_threads(threads: int) -> int:
+    """Set this process's torch to ``threads`` threads (at least one); returns them."""
     import torch
 
-    threads = max(1, int(value))
+    threads = max(1, threads)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads

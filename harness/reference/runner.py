@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.core.comparison import NEAR_TIE_TOP_K
-from harness.core.cpu_share import cpu_share
+from harness.core.cpu_share import cpu_share, use_threads
 from harness.core.serialise import request_from_dict, request_to_dict
 from harness.core.trace import RequestTrace, TokenStep, Trace
 from harness.reference.cache import ReferenceCache
@@ -65,8 +65,8 @@ class ReferenceRunner:
             from transformers import AutoModelForCausalLM
 
             share = cpu_share()  # its share of the cores, beside the other workers' engines
-            if share is not None and torch.get_num_threads() != share:
-                torch.set_num_threads(share)
+            if share is not None:
+                use_threads(share)
             self._model = AutoModelForCausalLM.from_pretrained(
                 str(self.model_path), torch_dtype=torch.float32
             ).eval()

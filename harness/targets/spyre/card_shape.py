@@ -28,6 +28,12 @@ RULES = (f"a context of {MIN_CONTEXT} to {MAX_CONTEXT} tokens in whole {BLOCK}-t
          f" {BLOCK}-token blocks")
 
 
+def compiles_shapes(backend: str | None, mode: str | None) -> bool:
+    """Whether an engine of this backend and mode is held to these rules: continuous batching
+    on a card (sendnn); static batching compiles its warmup shapes."""
+    return backend == "sendnn" and mode != "sb"
+
+
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 

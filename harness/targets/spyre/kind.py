@@ -229,7 +229,7 @@ class SpyreTarget(VllmTarget):
     def compile_problem(cls, cfg: EngineConfig) -> str | None:
         """A continuous-batching engine on a card must be of a shape the card compiles
         (harness.targets.spyre.card_shape); static batching compiles its warmup shapes."""
-        if cfg.backend != "sendnn" or cfg.mode == "sb":
+        if not card_shape.compiles_shapes(cfg.backend, cfg.mode):
             return None
         problems = card_shape.shape_problems(cfg.max_model_len, cfg.max_num_seqs,
                                              cfg.max_num_batched_tokens)
@@ -242,14 +242,14 @@ class SpyreTarget(VllmTarget):
     @classmethod
     def compiled_limits(cls, variant: Any, limits: EngineLimits,
                         round_batch: bool = False) -> EngineLimits:
-        if variant.backend != "sendnn" or variant.mode == "sb":
+        if not card_shape.compiles_shapes(variant.backend, variant.mode):
             return limits
         return card_shape.card_limits(limits, round_batch)
 
     @classmethod
     def geometry_problem(cls, variant: Any, geometry: Any, stack: str) -> str | None:
         problem = super().geometry_problem(variant, geometry, stack)
-        if problem or variant.backend != "sendnn" or variant.mode == "sb":
+        if problem or not card_shape.compiles_shapes(variant.backend, variant.mode):
             return problem
         shape = card_shape.shape_problems(geometry.max_model_len, geometry.max_num_seqs,
                                           geometry.chunk_size)
