@@ -25,6 +25,7 @@ from harness.core.paths import FIXTURES
 from harness.reference.cache import ReferenceCache
 from harness.reference.runner import ReferenceRunner
 from harness.scenario.prompts import PromptSet
+from harness.scenario.token_cache import CachedTokenizer
 
 PRECISIONS = ("fp16", "bf16")
 
@@ -128,9 +129,7 @@ def measure(model_path: Path, model_hash: str, precision: str, cache_dir: Path,
 
     start = time.monotonic()
     if sequences is None:
-        from transformers import AutoTokenizer
-
-        sequences = suite_sequences(AutoTokenizer.from_pretrained(str(model_path)))
+        sequences = suite_sequences(CachedTokenizer(model_path, model_hash, cache_dir))
     continuations = reference_tokens(model_path, model_hash, sequences, cache_dir)
     full = load_model(model_path, "fp32")
     half = load_model(model_path, precision)

@@ -26,6 +26,7 @@ from harness.calibration.thresholds import MetricThreshold, Thresholds
 from harness.core.comparison import NEAR_TIE_TOP_K
 from harness.reference.cache import ReferenceCache, cache_key
 from harness.reference.runner import reference_stack
+from harness.scenario.token_cache import CachedTokenizer
 
 FORMAT = 1
 # The modules whose code decides a calibration's numbers.
@@ -129,10 +130,7 @@ def calibrate(
     the cache, else measured (``force``: measured again) and stored."""
     measure_mod.torch_dtype(precision)  # an unknown precision is refused before any work
     if sequences is None:
-        # deferred: a heavy import, paid only where this runs
-        from transformers import AutoTokenizer
-
-        sequences = suite_sequences(AutoTokenizer.from_pretrained(str(model_path)))
+        sequences = suite_sequences(CachedTokenizer(model_path, model_hash, cache_dir))
     stack = reference_stack()
     fields = key_fields(model_hash, precision, stack, sequences)
     cache = CalibrationCache(Path(cache_dir) / "calibration")
@@ -161,10 +159,7 @@ def calibrated_thresholds(
         return calibrate(model_path, model_hash, precision, cache_dir,
                          sequences=sequences).thresholds
     if sequences is None:
-        # deferred: a heavy import, paid only where this runs
-        from transformers import AutoTokenizer
-
-        sequences = suite_sequences(AutoTokenizer.from_pretrained(str(model_path)))
+        sequences = suite_sequences(CachedTokenizer(model_path, model_hash, cache_dir))
     fields = key_fields(model_hash, precision, stack, sequences)
     cache = CalibrationCache(Path(cache_dir) / "calibration")
     value = cache.lookup(fields, lambda v: entry_problem(v, precision))

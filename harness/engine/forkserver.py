@@ -426,15 +426,18 @@ def open_share() -> str | None:
 def close_share(folder: str) -> str:
     """Stop the shared parents of ``folder`` (they also stop on their own once it is gone);
     returns what they did, in a line: how many started and how many processes they served."""
-    logs = list(Path(folder).glob("*.log"))
-    served = sum(t.count("[hil] shared parent ") for t in
-                 (p.read_text(errors="replace") for p in logs))
+    from harness.in_engine.fork_parent import READY_LINE
+
+    texts = [p.read_text(errors="replace") for p in Path(folder).glob("*.log")]
+    served = sum(t.count("[hil] shared parent ") - t.count(READY_LINE) for t in texts)
+    started = sum(t.count(READY_LINE) for t in texts)
     _stop_least_used(Path(folder), keep=0)
     shutil.rmtree(folder, ignore_errors=True)
     if os.environ.get(SHARE_ENV) == folder:
         os.environ.pop(SHARE_ENV, None)
         os.environ.pop(OWNER_ENV, None)
-    return f"shared fork parents: {len(logs)} started, {served} pytest processes served"
+    return (f"shared fork parents: {started} started for {len(texts)} environments,"
+            f" {served} pytest processes served")
 
 
 def share_folder() -> Path | None:

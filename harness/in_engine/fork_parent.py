@@ -340,8 +340,12 @@ def main(argv: list[str], platform: bool = False) -> int:
 # The run's shared parent (``--shared ADDRESS RECORD``)
 # ---------------------------------------------------------------------------
 
-# A shared parent with no client for this long stops (its pages are given back).
-SHARED_IDLE_SECONDS = 120.0
+# A shared parent with no client for this long stops (its pages are given back). Long enough
+# to outlast the gaps between one environment's uses in a test session (tests of other files,
+# another stack's runs): a restart costs its imports again, 10-20 s. The live ones are bounded
+# anyway (forkserver.MAX_SHARED), and all stop with the run's owner.
+SHARED_IDLE_SECONDS = 900.0
+READY_LINE = "[hil] shared parent ready: "  # one per start, in the key's log
 OWNER_ENV = "HIL_FORKSERVER_OWNER"  # the process the shared parents serve; they stop with it
 
 
@@ -382,6 +386,7 @@ def shared_main(address: str, record: str) -> int:
     listener = Listener(address, family="AF_UNIX", authkey=authkey)
     sock = listener._listener._socket  # type: ignore[attr-defined]
     _write_record(record, {"pid": os.getpid(), "address": address, "authkey": authkey.hex()})
+    print(f"{READY_LINE}{os.getpid()}", flush=True)
     clients: set[int] = set()
     served = 0
     last = time.monotonic()

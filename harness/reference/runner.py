@@ -8,6 +8,10 @@ answer for that prompt and nothing else; outputs are cached on disk by
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
+import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,15 +28,35 @@ if TYPE_CHECKING:
 NAME = "cpu-ref"
 
 
+# Where each package states its ``__version__`` as a literal.
+_VERSION_FILES = {"torch": "version.py", "transformers": "__init__.py"}
+
+
+def package_version(name: str) -> str:
+    """``name.__version__``, read from the package's source where it states it, so that a
+    session whose references are all cached never imports torch or transformers (an import
+    where the file says otherwise)."""
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            source = Path(list(spec.submodule_search_locations)[0]) / _VERSION_FILES[name]
+            try:
+                m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", source.read_text(),
+                              re.MULTILINE)
+            except OSError:
+                m = None
+            if m:
+                return m.group(1)
+        module = importlib.import_module(name)
+    return str(module.__version__)
+
+
 def reference_stack() -> dict[str, str]:
     """What the reference outputs depend on besides model and prompt."""
-    # deferred: a heavy import, paid only where this runs
-    import torch
-    import transformers
-
     return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "torch": package_version("torch"),
+        "transformers": package_version("transformers"),
         "impl": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16],
     }
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario.prompts import PromptSet, Scenario
+from harness.scenario.token_cache import CachedTokenizer
 
 
 @dataclass
@@ -58,14 +59,12 @@ class ModelCatalog:
         local folder (checked, never rebuilt)."""
         if value not in self._models:
             # deferred: a heavy import, paid only where this runs
-            from transformers import AutoTokenizer
-
-            # deferred: a heavy import, paid only where this runs
             from fixtures.models import model_content_hash
 
             path = self._folder(value)
             digest = model_content_hash(path, memo_dir=self.cache_dir / "model-hash")
-            tok = AutoTokenizer.from_pretrained(str(path))
+            # Answers kept by content: transformers is imported only for a text not seen before.
+            tok = CachedTokenizer(path, digest, self.cache_dir)
             label = value if os.sep not in value else path.name
             self._models[value] = Model(label=label, path=path, content_hash=digest, tokenizer=tok)
         return self._models[value]

@@ -210,3 +210,18 @@ def test_an_unfit_parent_is_reported_in_one_line_with_what_it_skipped():
         " 'gguf'), vllm (resolves the platform at import (read by vllm.utils.torch_utils); and 2 of"
         " its modules))")
     assert forkserver.unfit_reason({"threads": 3}) == "3 threads after its imports"
+
+
+def test_the_share_says_how_often_its_parents_started_and_whom_they_served(tmp_path, monkeypatch):
+    # Two environments' logs: one parent started twice (it stopped idle in between).
+    from harness.in_engine.fork_parent import READY_LINE
+
+    share = tmp_path / "share"
+    share.mkdir(mode=0o700)
+    served = "[hil] shared parent {}: client {} served by pid 9\n"
+    (share / "a.log").write_text(f"{READY_LINE}11\n" + served.format(11, 1) + served.format(11, 2)
+                                 + f"{READY_LINE}12\n" + served.format(12, 1))
+    (share / "b.log").write_text(f"{READY_LINE}13\n" + served.format(13, 1))
+    done = forkserver.close_share(str(share))
+    assert done == "shared fork parents: 3 started for 2 environments, 4 pytest processes served"
+    assert not share.exists()
