@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.models import DEFAULT_CACHE_DIR
 from harness.core.paths import REPO_ROOT
 from harness.engine.device_ledger import ledger_problems
 from harness.stacks.spec import stack_python
@@ -54,6 +55,9 @@ def card_host(run_dir: Path, *args: str, base: str = "default",
     """Run the card host on ``base``'s image; (rc, output, test name -> (outcome, message),
     card ledger events)."""
     env = {**os.environ, **image_env(base), **(host_env or {}), "HIL_CARD_HOST_RUN_DIR": str(run_dir),
+           # The checkout's cache is content-keyed: its models and references serve the host's
+           # runs as a lab's shared cache would (no second build of the same tiny model).
+           "HIL_CARD_HOST_CACHE_DIR": os.environ.get("HIL_CACHE_DIR", str(DEFAULT_CACHE_DIR)),
            "HIL_CARD_HOST_NO_DEVICES_CHECK": "1",
            "HIL_NO_TRIAGE": "1"}  # these runs prove checks fail; triage is proved elsewhere
     proc = subprocess.run(["bash", str(RUN_SH), *args], capture_output=True, text=True, env=env,

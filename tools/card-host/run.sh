@@ -14,7 +14,10 @@
 #     discovery, leases, card env, one engine per card, the on-card verification, every card
 #     suite, no skip allowed.
 # Everything lands in $HIL_CARD_HOST_DIR (default .hil-cache/card-host, git-ignored); steps 1-3
-# are redone only when their inputs changed. Extra arguments go to pytest (a selection, faults).
+# are redone only when their inputs changed. The host's cache (models, references, tokenizer
+# answers: all keyed by content and stack) is $HIL_CARD_HOST_CACHE_DIR, default its own folder
+# there; a lab's shared cache, or the checkout's, serves as well. Extra arguments go to pytest
+# (a selection, faults).
 #
 #   tools/card-host/run.sh                        # the selection CI runs
 #   tools/card-host/run.sh -k 'token' --inject-fault perturb-logit
@@ -78,7 +81,7 @@ filterwarnings =
 INI
 cd "$RUN"
 export HIL_DEVICE_ROOT=$WORK/host-root SENDNN_EMULATION_ROOT=$WORK/host-root
-export HIL_INVENTORY=$WORK/inventory.toml HIL_LEASE_DIR=$RUN/leases HIL_CACHE_DIR=$WORK/cache
+export HIL_INVENTORY=$WORK/inventory.toml HIL_LEASE_DIR=$RUN/leases HIL_CACHE_DIR=${HIL_CARD_HOST_CACHE_DIR:-$WORK/cache}
 # A yes/no variable, read as the harness reads them (harness/core/settings/values.py).
 case "${HIL_CARD_HOST_NO_DEVICES_CHECK:-0}" in
   [0]|[Ff][Aa][Ll][Ss][Ee]|[Nn][Oo]|[Oo][Ff][Ff]) "$IMAGE/bin/hil" devices --inventory "$HIL_INVENTORY" ;;

@@ -108,6 +108,8 @@ VARIABLES: list[Variable] = [
              doc="tools/card-host/run.sh: the Python the card image's venv is made from"),
     Variable("HIL_CARD_HOST_RUN_DIR", "path",
              doc="tools/card-host/run.sh: the run's folder (default WORK/run)"),
+    Variable("HIL_CARD_HOST_CACHE_DIR", "path",
+             doc="tools/card-host/run.sh: the host's cache, keyed by content (default WORK/cache)"),
     Variable("HIL_CARD_HOST_NO_DEVICES_CHECK", "flag",
              doc="tools/card-host/run.sh: skip its `hil devices` pre-flight"),
     Variable("HIL_CARD_HOST_WORKERS", "count",
