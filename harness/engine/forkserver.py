@@ -387,8 +387,13 @@ def close_all() -> None:
 
 SHARE_ENV = "HIL_FORKSERVER_SHARE"  # the run's folder of shared parents (mode 0700)
 # Live shared parents per folder (each holds torch and vLLM, 0.65-0.85 GiB): starting one more
-# stops the least recently used (its clients keep the parents it forked for them).
-MAX_SHARED = 6
+# stops the least recently used (its clients keep the parents it forked for them) when
+# MAX_SHARED live, or when the machine's available memory would fall below SHARED_MEMORY_FLOOR
+# with one more: a test session's 30-odd environments (stacks, targets, cards, a lab's
+# PYTHONPATH) each restart their parent, 10-20 s of imports, every time one was stopped.
+MAX_SHARED = 16
+SHARED_PARENT_BYTES = 1 << 30  # one more parent, with room to spare
+SHARED_MEMORY_FLOOR = 6 << 30  # left for the engines, the workers and their children
 OWNER_ENV = "HIL_FORKSERVER_OWNER"  # the process they serve: they stop when it ends
 
 
@@ -469,7 +474,7 @@ def _start_shared(python: str, env: dict[str, str], folder: Path, key: str) -> d
     """Start the shared parent of ``key`` and wait for its record (its address and key)."""
     record = folder / f"{key}.json"
     record.unlink(missing_ok=True)
-    _stop_least_used(folder, MAX_SHARED - 1)
+    _stop_least_used(folder, shared_room(folder))
     authkey = secrets.token_bytes(16)
     address = str(folder / f"{key}.sock")
     Path(address).unlink(missing_ok=True)  # a stopped parent's socket
@@ -495,6 +500,36 @@ def _start_shared(python: str, env: dict[str, str], folder: Path, key: str) -> d
             proc.kill()
             raise ForkServerError(f"shared fork parent not ready within {READY_TIMEOUT:.0f} s")
         time.sleep(0.2)
+
+
+def memory_available() -> int | None:
+    """The machine's available memory in bytes (``MemAvailable`` of /proc/meminfo), or None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def shared_room(folder: Path, available: int | None = None) -> int:
+    """How many live shared parents of ``folder`` may stay as one more starts: MAX_SHARED - 1,
+    fewer where the machine's available memory would fall below SHARED_MEMORY_FLOOR (one
+    parent's worth stopped per SHARED_PARENT_BYTES short), six less one where it is unknown."""
+    live = sum(1 for r in folder.glob("*.json") if _live_pid(r))
+    available = memory_available() if available is None else available
+    if available is None:
+        return 5
+    short = SHARED_MEMORY_FLOOR + SHARED_PARENT_BYTES - available
+    if short <= 0:
+        return MAX_SHARED - 1
+    return max(0, min(MAX_SHARED - 1, live - -(-short // SHARED_PARENT_BYTES)))
+
+
+def _live_pid(record: Path) -> bool:
+    rec = _read_record(record)
+    return bool(rec) and pid_alive(int(rec.get("pid", 0)))
 
 
 def _stop_least_used(folder: Path, keep: int) -> None:

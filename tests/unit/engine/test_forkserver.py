@@ -225,3 +225,22 @@ def test_the_share_says_how_often_its_parents_started_and_whom_they_served(tmp_p
     done = forkserver.close_share(str(share))
     assert done == "shared fork parents: 3 started for 2 environments, 4 pytest processes served"
     assert not share.exists()
+
+
+def test_shared_parents_stay_while_memory_allows(tmp_path, monkeypatch):
+    # Three live parents (this process stands for each): with memory to spare, up to
+    # MAX_SHARED - 1 stay as one more starts; short by 1.5 parents' worth, two go (one stays);
+    # with memory unknown, five stay (the old fixed cap).
+    import json
+
+    for i in range(3):
+        (tmp_path / f"k{i}.json").write_text(json.dumps({"pid": os.getpid()}))
+    (tmp_path / "dead.json").write_text(json.dumps({"pid": 0}))
+    gib = 1 << 30
+    floor = forkserver.SHARED_MEMORY_FLOOR + forkserver.SHARED_PARENT_BYTES
+    assert forkserver.shared_room(tmp_path, available=floor + 4 * gib) == forkserver.MAX_SHARED - 1
+    assert forkserver.shared_room(tmp_path, available=floor - gib - gib // 2) == 1
+    assert forkserver.shared_room(tmp_path, available=0) == 0
+    monkeypatch.setattr(forkserver, "memory_available", lambda: None)
+    assert forkserver.shared_room(tmp_path) == 5
+    assert forkserver.memory_available is not None
