@@ -62,7 +62,7 @@ from typing import IO, Any
 
 from harness.core.parent_death import die_with_parent, pid_alive
 from harness.engine.start_config import fork_parent_env
-from harness.targets import late_env_prefixes
+from harness.targets import late_env_prefixes, per_engine_env_prefixes
 
 log = logging.getLogger("harness.engine")
 
@@ -83,8 +83,10 @@ def late(name: str) -> bool:
     return name.startswith(LATE_PREFIXES)
 
 
-# Per engine, never read while preloading: not part of a platform parent's key.
-PER_ENGINE_PREFIXES = ("HIL_", "MASTER_", "PYTEST_")
+# Per engine, never read while preloading: not part of a platform parent's key, nor of its
+# environment (given at the fork). Each kind adds the variables that place an engine on its
+# device (``TargetKind.per_engine_env_prefixes``).
+PER_ENGINE_PREFIXES = ("HIL_", "MASTER_", "PYTEST_", *per_engine_env_prefixes())
 # A shell's record of its own state (the folder it is in): no import reads it, so it keys no
 # shared parent and makes no conflict unless a parent's imports did read it.
 SHELL_STATE = ("PWD", "OLDPWD", "SHLVL", "_")
@@ -109,7 +111,7 @@ def parent_env(child_env: dict[str, str], caller: dict[str, str] | None = None) 
     """The environment of the parent that may fork ``child_env``'s engine: the child's,
     except that late variables are the caller's (the target's own come at the fork)."""
     caller = dict(os.environ) if caller is None else caller
-    env = {k: v for k, v in child_env.items() if not late(k)}
+    env = {k: v for k, v in child_env.items() if not late(k) and not k.startswith(PER_ENGINE_PREFIXES)}
     env.update({k: v for k, v in caller.items() if late(k) and not k.startswith(PER_ENGINE_PREFIXES)})
     return env
 
@@ -216,7 +218,8 @@ class ForkServer:
         shell's record of its own state, PWD and the like, counts only where read)."""
         read = set(self.report.get("read", ()))
         names = {k for k in set(child_env) | set(self.env) if child_env.get(k) != self.env.get(k)}
-        return sorted(n for n in names if n in read or not (late(n) or n in SHELL_STATE))
+        return sorted(n for n in names if n in read or not (
+            late(n) or n.startswith(PER_ENGINE_PREFIXES) or n in SHELL_STATE))
 
     def pump(self, timeout: float = 0.0) -> Any:
         """Read one message (exit notices are filed); None when nothing came."""

@@ -213,6 +213,11 @@ def late_env_prefixes() -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for k in KINDS.values() for p in k.late_env_prefixes))
 
 
+def per_engine_env_prefixes() -> tuple[str, ...]:
+    """Every kind's ``per_engine_env_prefixes``, in kind order."""
+    return tuple(dict.fromkeys(p for k in KINDS.values() for p in k.per_engine_env_prefixes))
+
+
 def capacity_refusals() -> tuple[str, ...]:
     """Every kind's ``capacity_refusal`` (its stack's refusal of a too-small pool at engine
     start), in kind order."""

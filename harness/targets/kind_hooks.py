@@ -81,6 +81,11 @@ class KindHooks:
     # Prefixes of the variables this kind's stack reads when an engine is built, after the
     # fork (harness.engine.forkserver): a fork-server parent is not keyed on them.
     late_env_prefixes: ClassVar[tuple[str, ...]] = ()
+    # Prefixes of the variables that place one engine on its device (which card, its rank's
+    # cards, its compile cache): given to each engine at its fork and never part of a
+    # fork-server parent's environment, so the engines of every card share one parent. A parent
+    # whose imports read one of them by name serves no engine that sets it (its record says).
+    per_engine_env_prefixes: ClassVar[tuple[str, ...]] = ()
     # The kind's stack refuses, at engine start, a pool that cannot serve one full-length
     # request; for the others the harness preflight refuses it (harness.checks.capacity).
     refuses_small_pool: ClassVar[bool] = False

@@ -244,3 +244,22 @@ def test_shared_parents_stay_while_memory_allows(tmp_path, monkeypatch):
     monkeypatch.setattr(forkserver, "memory_available", lambda: None)
     assert forkserver.shared_room(tmp_path) == 5
     assert forkserver.memory_available is not None
+
+
+def test_the_variables_placing_an_engine_on_its_card_key_no_parent_and_are_given_at_the_fork():
+    # Two engines on two cards (the Spyre kind's placement variables): one parent environment,
+    # one platform key, one shared key; a parent that read one of them by name conflicts.
+    caller = {"PATH": "/bin"}
+    card = {"PATH": "/bin", "VLLM_PLUGINS": "sendnn_inference", "FLEX_COMPUTE": "SENTIENT"}
+    on0 = {**card, "AIU_WORLD_SIZE": "1", "AIU_WORLD_RANK_0": "0000:3b:00.0",
+           "TORCH_SENDNN_CACHE_DIR": "/c/sendnn/card0", "PCIDEVICE_IBM_COM_AIU_PF": "0000:3b:00.0"}
+    on1 = {**card, "AIU_WORLD_SIZE": "1", "AIU_WORLD_RANK_0": "0000:3c:00.0",
+           "TORCH_SENDNN_CACHE_DIR": "/c/sendnn/card1", "PCIDEVICE_IBM_COM_AIU_PF": "0000:3c:00.0"}
+    assert parent_env(on0, caller) == parent_env(on1, caller) == {"PATH": "/bin"}
+    assert platform_key(on0) == platform_key(on1) == (("FLEX_COMPUTE", "SENTIENT"),
+                                                      ("VLLM_PLUGINS", "sendnn_inference"))
+    parent = {k: v for k, v in on0.items() if not k.startswith(forkserver.PER_ENGINE_PREFIXES)}
+    assert parent == card
+    assert _Server(parent, read=["VLLM_PLUGINS"]).conflicts(on1) == []
+    assert _Server(parent, read=["AIU_WORLD_RANK_0"]).conflicts(on1) == ["AIU_WORLD_RANK_0"]
+    assert _Server(parent, read=[]).conflicts({**on1, "FLEX_COMPUTE": "SENULATOR"}) == []  # late
