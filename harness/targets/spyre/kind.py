@@ -192,8 +192,11 @@ class SpyreTarget(VllmTarget):
     # The card runtime's, and each plugin generation's own (read when the engine is built).
     late_env_prefixes = ("AIU_", "SPYRE_", "FLEX_", "DT_", *(g.env_prefix for g in GENERATIONS))
     # The card (group) an engine opens and its compile cache (harness.targets.spyre.card), and
-    # the device plugin's card variable: each engine's own, read when its runtime opens.
-    per_engine_env_prefixes = ("AIU_WORLD_", "TORCH_SENDNN_CACHE_DIR", "PCIDEVICE_IBM_COM_AIU_")
+    # the device plugin's card variable: each engine's own, read when its runtime opens; and the
+    # runtime's shape variables (VLLM_DT_*: the batch TKV limit a test or a registry entry sets),
+    # read by the plugin when it configures an engine (platform.check_and_update_config).
+    per_engine_env_prefixes = ("AIU_WORLD_", "TORCH_SENDNN_CACHE_DIR", "PCIDEVICE_IBM_COM_AIU_",
+                               "VLLM_DT_")
     refuses_small_pool = True  # the platform checks the pool it is given at start
     # vllm-spyre's refusal of it; a plain ValueError, so the report files it by this text.
     capacity_refusal = "Number of pages available on Spyre"
