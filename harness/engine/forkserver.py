@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import secrets
 import select
@@ -397,6 +398,7 @@ SHARE_ENV = "HIL_FORKSERVER_SHARE"  # the run's folder of shared parents (mode 0
 MAX_SHARED = 16
 SHARED_PARENT_BYTES = 1 << 30  # one more parent, with room to spare
 SHARED_MEMORY_FLOOR = 6 << 30  # left for the engines, the workers and their children
+SHARED_WITHOUT_MEMINFO = 6  # the cap where the available memory cannot be read
 OWNER_ENV = "HIL_FORKSERVER_OWNER"  # the process they serve: they stop when it ends
 
 
@@ -519,32 +521,35 @@ def memory_available() -> int | None:
 def shared_room(folder: Path, available: int | None = None) -> int:
     """How many live shared parents of ``folder`` may stay as one more starts: MAX_SHARED - 1,
     fewer where the machine's available memory would fall below SHARED_MEMORY_FLOOR (one
-    parent's worth stopped per SHARED_PARENT_BYTES short), six less one where it is unknown."""
-    live = sum(1 for r in folder.glob("*.json") if _live_pid(r))
+    parent's worth stopped per SHARED_PARENT_BYTES short), SHARED_WITHOUT_MEMINFO - 1 where it
+    is unknown."""
     available = memory_available() if available is None else available
     if available is None:
-        return 5
+        return SHARED_WITHOUT_MEMINFO - 1
     short = SHARED_MEMORY_FLOOR + SHARED_PARENT_BYTES - available
     if short <= 0:
         return MAX_SHARED - 1
-    return max(0, min(MAX_SHARED - 1, live - -(-short // SHARED_PARENT_BYTES)))
+    live = len(_live_parents(folder))
+    return max(0, min(MAX_SHARED - 1, live - math.ceil(short / SHARED_PARENT_BYTES)))
 
 
-def _live_pid(record: Path) -> bool:
-    rec = _read_record(record)
-    return bool(rec) and pid_alive(int(rec.get("pid", 0)))
-
-
-def _stop_least_used(folder: Path, keep: int) -> None:
-    """Stop the shared parents of ``folder`` beyond the ``keep`` most recently used (a
-    record's time is its parent's last client's); their clients keep their own parents."""
+def _live_parents(folder: Path) -> list[tuple[float, int, Path]]:
+    """(last use, pid, record) of each live shared parent of ``folder``, least recently used
+    first (a record's time is its parent's last client's)."""
     live = []
     for record in folder.glob("*.json"):
         rec = _read_record(record)
         pid = int(rec.get("pid", 0)) if rec else 0
         if pid_alive(pid):
             live.append((record.stat().st_mtime, pid, record))
-    for _, pid, record in sorted(live)[:max(0, len(live) - keep)]:
+    return sorted(live)
+
+
+def _stop_least_used(folder: Path, keep: int) -> None:
+    """Stop the shared parents of ``folder`` beyond the ``keep`` most recently used; their
+    clients keep their own parents."""
+    live = _live_parents(folder)
+    for _, pid, record in live[:max(0, len(live) - keep)]:
         record.unlink(missing_ok=True)  # it stops itself too, seeing its record gone
         try:
             os.kill(pid, signal.SIGTERM)
