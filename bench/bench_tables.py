@@ -23,6 +23,12 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
         if "warm, no teacher forcing" in by:
             out["warm_over_no_teacher_forcing"] = round(
                 warm["wall_s"] / by["warm, no teacher forcing"]["wall_s"], 2)
+    for label, row in (result.get("mission") or {}).items():
+        if label.startswith("warm") and row["split_s"].get("engine_compute"):
+            name = "mission_" + label.replace(" -n ", "_n").replace(" ", "_")
+            out[f"{name}_wall_s"] = row["wall_s"]
+            out[f"{name}_wall_over_forward"] = round(
+                row["wall_s"] / row["split_s"]["engine_compute"], 2)
     if result.get("probes"):
         out["probe_overhead"] = {p["target"]: p["overhead"] for p in result["probes"]}
     starts = result.get("engine_start") or {}

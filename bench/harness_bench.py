@@ -10,7 +10,9 @@ and keeps the others' figures from the previous latest.json. Parts, on the tiny 
   parent (``HIL_ENGINE_START``), over distinct configurations of the paged CPU engine and a
   device kind's CPU mode (vllm-cpu and Spyre eager: spyre-eager-cb, or spyre-eager-cp where
   the default stack's plugin has no cb; bench/bench_variants.py asks the kind registry);
-- mission: the whole mission suite (``pytest -m cpu suites``) cold and warm; with the
+- mission: the whole mission suite (``pytest -m cpu suites``) cold and warm in one process,
+  and warm with two workers (``-n 2``); wall over forward passes for each warm run (the forward
+  passes summed over the workers: the work the run had to do); with the
   triage seconds of each (``green_run_triage_s``: the quarantined failures are triaged in
   the cold run and their records reused in the warm one);
 - probe_by_pool: probe cost per engine step on vllm-cpu pools of 1k, 10k and 100k blocks
@@ -144,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("tiny-llama", "tiny-granite"):
             build_model(name, mission_cache)
         mission = {}
-        for label in ("cold", "warm"):
-            row = pytest_run(f"mission {label}", ["suites", "-m", "cpu"], mission_cache, work / f"r-m-{label}")
+        # One process, then the way the tests run it on a machine of two cores: a worker per
+        # core (each engine computes with one thread; harness.core.cpu_share).
+        for label, extra in (("cold", []), ("warm", []), ("warm -n 2", ["-n", "2"])):
+            row = pytest_run(f"mission {label}", ["suites", "-m", "cpu", *extra], mission_cache,
+                             work / f"r-m-{label.replace(' ', '')}")
             mission[label] = row
             if row["returncode"] != 0:
                 failures.append(f"mission {label}: exit {row['returncode']} [{row['outcome']}]")

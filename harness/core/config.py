@@ -79,6 +79,17 @@ class EngineConfig:
             del d["tensor_parallel_size"]
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
+        """The configuration ``to_dict`` gave (a KeyError, TypeError or ConfigError on
+        anything else)."""
+        d = dict(d)
+        if d.get("warmup") is not None:
+            d["warmup"] = WarmupShape(**d["warmup"])
+        d["faults"] = tuple(d.get("faults", ()))
+        d["extra_env"] = tuple((str(k), str(v)) for k, v in d.get("extra_env", ()))
+        return cls(**d)
+
     @property
     def key(self) -> str:
         """Stable identity: equal keys mean one engine can serve both."""

@@ -557,14 +557,35 @@ def _stop_least_used(folder: Path, keep: int) -> None:
             pass
 
 
+def shared_key(python: str, child_env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The environment of the shared parent that forks ``child_env``'s engines, and its key."""
+    env = {k: v for k, v in child_env.items() if not k.startswith(PER_ENGINE_PREFIXES)}
+    keyed = sorted((k, v) for k, v in env.items() if k not in SHELL_STATE)
+    return env, hashlib.sha256(json.dumps([python, keyed]).encode()).hexdigest()[:16]
+
+
+def ensure_shared(python: str, child_env: dict[str, str], folder: Path) -> bool:
+    """Start the run's shared parent for this interpreter and environment where none is live
+    (the first engine that needs it then only connects); True where this call started it.
+    Safe beside ``shared_server`` in any thread or process: both take the parent's lock."""
+    from filelock import FileLock  # deferred: only a shared run needs it
+
+    env, key = shared_key(python, child_env)
+    with FileLock(str(folder / f"{key}.lock"), timeout=READY_TIMEOUT):
+        rec = _read_record(folder / f"{key}.json")
+        # Live, or unfit (an engine's own start says why, and falls back): nothing to start.
+        if rec is not None and ("error" in rec or pid_alive(int(rec.get("pid", 0)))):
+            return False
+        _start_shared(python, env, folder, key)
+        return True
+
+
 def shared_server(python: str, child_env: dict[str, str], folder: Path) -> ForkServer:
     """This process's parent forked from the run's shared parent for this interpreter and
     environment (the shared parent started first where there is none)."""
     from filelock import FileLock  # deferred: only a shared run needs it
 
-    env = {k: v for k, v in child_env.items() if not k.startswith(PER_ENGINE_PREFIXES)}
-    keyed = sorted((k, v) for k, v in env.items() if k not in SHELL_STATE)
-    key = hashlib.sha256(json.dumps([python, keyed]).encode()).hexdigest()[:16]
+    env, key = shared_key(python, child_env)
     srv = _shared.get(key)
     if srv is not None and srv.alive:
         return srv

@@ -69,6 +69,19 @@ def log_since(path: Path, offset: int) -> str:
         return ""
 
 
+def engine_process_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment an engine process starts with: this process's (the lab's
+    instrumentation included), ``env`` on top, the checkout first on PYTHONPATH."""
+    child_env = dict(os.environ)
+    child_env.update(env)
+    # Prepend, never replace: the lab's PYTHONPATH must survive.
+    parts = [str(REPO_ROOT)] + [
+        p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p
+    ]
+    child_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+    return child_env
+
+
 class EngineHost:
     """A live engine process for one EngineConfig.
 
@@ -103,13 +116,7 @@ class EngineHost:
         authkey = secrets.token_bytes(16)
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
 
-        child_env = dict(os.environ)
-        child_env.update(env)
-        # Prepend, never replace: the lab's PYTHONPATH must survive.
-        parts = [str(REPO_ROOT)] + [
-            p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p
-        ]
-        child_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+        child_env = engine_process_env(env)
         child_env["HIL_ENGINE_AUTHKEY"] = authkey.hex()
 
         # Where this start's part of the log begins (restarts of a configuration append).

@@ -21,6 +21,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from harness.core.config import EngineConfig
+
 RECORD = "engine-order.json"
 
 
@@ -58,18 +60,65 @@ def load_record(cache_dir: Path) -> dict[str, str]:
 
 def save_record(cache_dir: Path, tests: dict[str, str]) -> None:
     """Merge ``tests`` (node id -> config id) into the record; concurrent workers take turns."""
-    if not tests:
+    _merge(cache_dir, RECORD, tests, load_record)
+
+
+def _merge(cache_dir: Path, name: str, entries: dict[str, Any],
+           load: Callable[[Path], dict[str, Any]]) -> None:
+    """Merge ``entries`` into the JSON object ``cache_dir/name`` (as ``load`` reads it)."""
+    if not entries:
         return
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cache_dir / f"{RECORD}.lock")):
-        record = load_record(cache_dir)
-        record.update(tests)
-        tmp = cache_dir / f"{RECORD}.{os.getpid()}.tmp"
+    with FileLock(str(cache_dir / f"{name}.lock")):
+        record = load(cache_dir)
+        record.update(entries)
+        tmp = cache_dir / f"{name}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
         try:
-            os.replace(tmp, cache_dir / RECORD)
+            os.replace(tmp, cache_dir / name)
         except OSError:  # a folder in its place: the order is a hint, never an error
             tmp.unlink(missing_ok=True)
+
+
+# The configurations themselves (config id -> EngineConfig.to_dict(), without the device), so
+# that a run knows before its tests which engines they will start (harness.engine.prestart).
+CONFIGS = "engine-configs.json"
+
+
+def load_configs(cache_dir: Path) -> dict[str, Any]:
+    """The recorded configurations ({} when absent or unreadable: a hint, never an error)."""
+    try:
+        data = json.loads((cache_dir / CONFIGS).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save_configs(cache_dir: Path, configs: dict[str, dict[str, Any]]) -> None:
+    """Merge ``configs`` (config id -> configuration) into the record of configurations."""
+    _merge(cache_dir, CONFIGS, configs, load_configs)
+
+
+def config_entry(cfg: EngineConfig) -> tuple[str, dict[str, Any]]:
+    """The record's entry of ``cfg``: its id and its configuration without the device."""
+    return config_id(cfg), cfg.with_(device=None).to_dict()
+
+
+def planned_configs(cache_dir: Path, nodeids: list[str]) -> list[EngineConfig]:
+    """The configurations earlier runs recorded for ``nodeids``' first engines, in their
+    order, each once; a test or entry the records do not hold (or no longer accept) is left
+    out."""
+    record, configs = load_record(cache_dir), load_configs(cache_dir)
+    planned: dict[str, EngineConfig] = {}
+    for nodeid in nodeids:
+        cid = record.get(nodeid)
+        if cid is None or cid in planned or not isinstance(configs.get(cid), dict):
+            continue
+        try:
+            planned[cid] = EngineConfig.from_dict(configs[cid])
+        except (KeyError, TypeError, ValueError):  # an older record, a kind that refuses it
+            continue
+    return list(planned.values())
 
 
 def order_tests_by_engine_config(items: list[Any], cache_dir: Path,

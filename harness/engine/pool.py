@@ -68,6 +68,12 @@ def stack_runtime(cfg: EngineConfig) -> tuple[str | None, dict[str, str], dict[s
     return str(python), env, dict(stack.engine)
 
 
+def engine_env(cfg: EngineConfig, target: VllmTarget, stack_env: dict[str, str]) -> dict[str, str]:
+    """The variables the engine of ``cfg`` is given on top of the inherited environment: its
+    kind's, its stack's, then the configuration's own."""
+    return {**target.engine_env(), **stack_env, **dict(cfg.extra_env)}
+
+
 def engine_kwargs(cfg: EngineConfig, target: VllmTarget,
                   stack_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of ``cfg``: its target's, its stack's, then what the
@@ -151,9 +157,7 @@ class EnginePool:
             self._failed[key] = e
             raise
         try:
-            env = target.engine_env()
-            env.update(stack_env)
-            env.update(dict(cfg.extra_env))
+            env = engine_env(cfg, target, stack_env)
             env[FAULT_STATE_ENV] = self.fault_state_dir()
             llm_kwargs = engine_kwargs(cfg, target, stack_kwargs)
             host = EngineHost(

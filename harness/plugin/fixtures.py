@@ -11,7 +11,8 @@ import pytest
 
 from harness.core.comparison import NearTiePolicy
 from harness.core.devices import device_root
-from harness.engine.order import save_record
+from harness.engine.order import planned_configs, save_configs, save_record
+from harness.engine.prestart import start_ahead
 from harness.geometry.catalog import Geometry
 from harness.lab.inventory import discover_inventory, load_inventory
 from harness.lab.lease_files import LeaseDirError
@@ -29,7 +30,7 @@ def _worker_id(config: pytest.Config) -> str:
 
 
 @pytest.fixture(scope="session")
-def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
+def hil(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> Iterator[HilSession]:
     """The harness session of this pytest process (one per xdist worker)."""
 
     def opt(name: str) -> Any:
@@ -79,6 +80,8 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         share=opt("--lease-share"),
     )
     session = HilSession(opts, leases=leases)
+    if not opts.plan_only:  # the fork parents of the engines earlier runs saw these tests start
+        start_ahead(planned_configs(cache_dir, [it.nodeid for it in request.session.items]))
     try:
         yield session
     finally:
@@ -87,6 +90,7 @@ def hil(pytestconfig: pytest.Config) -> Iterator[HilSession]:
         finally:
             session.write_stats(_worker_id(pytestconfig), file_warnings(pytestconfig))
             save_record(cache_dir, session.test_configs)
+            save_configs(cache_dir, session.configs_seen)
             session.close()
 
 

@@ -28,7 +28,7 @@ from harness.core.errors import EngineRefused, EngineStartDefect
 from harness.core.trace import KvSnapshot, Trace
 from harness.engine.driver import DriverSettings, EngineDriver
 from harness.engine.hygiene import EngineHygiene
-from harness.engine.order import config_id
+from harness.engine.order import config_entry
 from harness.engine.pool import EnginePool, PoolSettings
 from harness.geometry.catalog import Geometry
 from harness.lab.leases import LeaseManager
@@ -73,6 +73,7 @@ class HilSession(SessionVerdicts):
         self.agreement = AgreementTally()
         self.current_test = ""
         self.test_configs: dict[str, str] = {}  # test node id -> its first engine configuration
+        self.configs_seen: dict[str, dict[str, Any]] = {}  # their ids -> the configurations
         # The rules each trace is judged by, from its engine's precision (calibrated noise for
         # fp16 and bf16; harness.session.precision).
         # The --near-tie-tol-BACKEND values given (None: not given).
@@ -231,7 +232,9 @@ class HilSession(SessionVerdicts):
     def _before_call(self, cfg: EngineConfig) -> None:
         """Record the test's engine configuration (the test order of the next run); in a plan
         pass (``--hil-plan``) start nothing."""
-        self.test_configs.setdefault(self.current_test, config_id(cfg))
+        cid, entry = config_entry(cfg)
+        self.test_configs.setdefault(self.current_test, cid)
+        self.configs_seen.setdefault(cid, entry)
         if self.opts.plan_only:
             pytest.skip(f"plan only: recorded engine configuration {cfg.label}")
 

@@ -150,18 +150,27 @@ def test_a_faulted_run_that_passes_is_named_not_measured():
 def test_the_mission_part_reports_the_triage_seconds_of_a_green_run(tmp_path, monkeypatch):
     bench = load_bench()
     _no_models(monkeypatch)
-    triage = {"mission cold": 26.1, "mission warm": 0.02}
+    triage = {"mission cold": 26.1, "mission warm": 0.02, "mission warm -n 2": 0.01}
+    wall = {"mission cold": 230.0, "mission warm": 140.0, "mission warm -n 2": 75.0}
+    args: dict[str, list[str]] = {}
 
-    def run(label: str, *a: Any) -> dict[str, Any]:
-        return {"label": label, "returncode": 0, "outcome": "ok", "wall_s": 1.0,
+    def run(label: str, run_args: list[str], *a: Any) -> dict[str, Any]:
+        args[label] = run_args
+        return {"label": label, "returncode": 0, "outcome": "ok", "wall_s": wall[label],
                 "engines_started": 0, "reference_computed": 0, "engine_start_s": {},
-                "split_s": {"engine_start": 0.0, "engine_calls": 0.0, "engine_compute": 0.0,
+                "split_s": {"engine_start": 0.0, "engine_calls": 0.0, "engine_compute": 70.0,
                             "reference": 0.0, "checks": 0.0, "triage": triage[label]}}
 
     monkeypatch.setattr(bench, "pytest_run", run)
     assert bench.main(["--parts", "mission", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "latest.json").read_text())
-    assert result["green_run_triage_s"] == {"cold": 26.1, "warm": 0.02}
+    assert result["green_run_triage_s"] == {"cold": 26.1, "warm": 0.02, "warm -n 2": 0.01}
+    assert args["mission warm"] == ["suites", "-m", "cpu"]
+    assert args["mission warm -n 2"] == ["suites", "-m", "cpu", "-n", "2"]
+    # Wall over the forward passes (summed over the workers) of each warm run.
+    assert result["ratios"]["mission_warm_wall_over_forward"] == 2.0
+    assert result["ratios"]["mission_warm_n2_wall_s"] == 75.0
+    assert result["ratios"]["mission_warm_n2_wall_over_forward"] == 1.07
 
 
 def test_the_ci_part_times_the_readme_command_step_by_step_on_a_clone(tmp_path, monkeypatch):
