@@ -104,20 +104,22 @@ def config_entry(cfg: EngineConfig) -> tuple[str, dict[str, Any]]:
     return config_id(cfg), cfg.with_(device=None).to_dict()
 
 
-def planned_configs(cache_dir: Path, nodeids: list[str]) -> list[EngineConfig]:
-    """The configurations earlier runs recorded for ``nodeids``' first engines, in their
-    order, each once; a test or entry the records do not hold (or no longer accept) is left
+def planned_configs(cache_dir: Path, nodeids: list[str], stack: str) -> list[EngineConfig]:
+    """The configurations earlier runs recorded for ``nodeids``' first engines, on ``stack``
+    (a test has one id on every stack: the record holds the last run's), in their order, each
+    once; a test or entry the records do not hold, or that ``stack`` does not accept, is left
     out."""
     record, configs = load_record(cache_dir), load_configs(cache_dir)
     planned: dict[str, EngineConfig] = {}
     for nodeid in nodeids:
         cid = record.get(nodeid)
-        if cid is None or cid in planned or not isinstance(configs.get(cid), dict):
+        if cid is None or not isinstance(configs.get(cid), dict):
             continue
         try:
-            planned[cid] = EngineConfig.from_dict(configs[cid])
+            cfg = EngineConfig.from_dict(configs[cid]).with_(stack=stack)
         except (KeyError, TypeError, ValueError):  # an older record, a kind that refuses it
             continue
+        planned.setdefault(cfg.key, cfg)
     return list(planned.values())
 
 

@@ -11,9 +11,10 @@ ready waits for the same lock and then only connects, as it would have after sta
 Only where each engine computes with one thread (``harness.core.cpu_share``: as many workers as
 cores, or a lab's ``OMP_NUM_THREADS=1``): such an engine loses to a start beside it only the
 share of a core the start takes, while an engine of several threads waits at every parallel
-region for the one the start pushed off its core (measured on 2 cores, one process, engines of
-two threads: the suites' forward passes 13.9 s alone, 20.7 s with a parent starting beside
-them; with two workers and engines of one thread the run took 74 s instead of 83 s).
+region for the one the start pushed off its core (measured on 2 cores, one process, a parent
+starting beside: a suite's forward passes 20.7 s with engines of two threads, 13.9 s with
+engines of one, equal with nothing beside; with two workers and engines of one thread the
+mission suite took 74 s instead of 83 s). docs/engines.md has the figures.
 
 What is started is exactly what an engine start would start: the parent's environment is
 computed as the engine's (its kind's, its stack's and the configuration's variables on top

@@ -81,7 +81,8 @@ def hil(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> Iterator
     )
     session = HilSession(opts, leases=leases)
     if not opts.plan_only:  # the fork parents of the engines earlier runs saw these tests start
-        start_ahead(planned_configs(cache_dir, [it.nodeid for it in request.session.items]))
+        start_ahead(planned_configs(cache_dir, [it.nodeid for it in request.session.items],
+                                    opts.stack))
     try:
         yield session
     finally:

@@ -45,14 +45,27 @@ def test_a_configuration_comes_back_from_its_record_entry():
 
 def test_the_planned_configurations_are_the_recorded_ones_in_test_order_each_once(tmp_path):
     record(tmp_path, {"t::a": SPYRE, "t::b": CPU, "t::c": SPYRE, "t::d": CPU_SMALL_POOL})
-    planned = planned_configs(tmp_path, ["t::b", "t::new", "t::c", "t::a", "t::d"])
+    planned = planned_configs(tmp_path, ["t::b", "t::new", "t::c", "t::a", "t::d"],
+                              stack="default")
     assert planned == [CPU, SPYRE, CPU_SMALL_POOL]  # t::new: never run, nothing planned
-    assert planned_configs(tmp_path, []) == []
+    assert planned_configs(tmp_path, [], stack="default") == []
+
+
+def test_a_configuration_recorded_on_another_stack_is_planned_on_this_runs(tmp_path):
+    # One test id on every stack: the record holds the last stack's; this run plans its own.
+    record(tmp_path, {"t::a": CPU.with_(stack="legacy-spyre-0.4"), "t::b": SPYRE})
+    assert planned_configs(tmp_path, ["t::a"], stack="default") == [CPU]
+    # A configuration this run's stack does not have (sendnn-inference's pc mode on 1.x) is
+    # left out, not planned as it was.
+    pc = SPYRE.with_(mode="pc")
+    record(tmp_path, {"t::c": pc})
+    assert planned_configs(tmp_path, ["t::c"], stack="spyre-1.10") == []
+    assert planned_configs(tmp_path, ["t::c"], stack="default") == [pc]
 
 
 def test_a_device_is_not_part_of_the_recorded_configuration(tmp_path):
     record(tmp_path, {"t::a": CPU.with_(device="card0")})
-    assert planned_configs(tmp_path, ["t::a"]) == [CPU]
+    assert planned_configs(tmp_path, ["t::a"], stack="default") == [CPU]
 
 
 @pytest.mark.parametrize("damage", [
@@ -66,9 +79,9 @@ def test_a_damaged_record_plans_nothing_and_raises_nothing(tmp_path, damage):
     record(tmp_path, {"t::a": CPU})
     cid = config_entry(CPU)[0]
     (tmp_path / CONFIGS).write_text(damage.replace("ID", cid))
-    assert planned_configs(tmp_path, ["t::a"]) == []
+    assert planned_configs(tmp_path, ["t::a"], stack="default") == []
     record(tmp_path, {"t::a": CPU})  # the next run's record replaces it
-    assert planned_configs(tmp_path, ["t::a"]) == [CPU]
+    assert planned_configs(tmp_path, ["t::a"], stack="default") == [CPU]
 
 
 def test_one_parent_per_environment_none_for_a_device_or_a_missing_stack():
