@@ -124,8 +124,14 @@ class EngineHost:
         self._logfile = open(self.log_path, "ab")
         started = time.monotonic()
         # Forked from a preloaded parent where one fits, else a fresh process.
-        self.proc = forkserver.spawn_engine(python or sys.executable, address, child_env,
-                                            str(self.work_dir), self.log_path, self._logfile)
+        try:
+            self.proc = forkserver.spawn_engine(python or sys.executable, address, child_env,
+                                                str(self.work_dir), self.log_path, self._logfile)
+        except BaseException:  # no process (an interpreter that cannot run): nothing left open
+            self._listener.close()
+            self._logfile.close()
+            self._sockdir.cleanup()
+            raise
         self.conn: Connection | None = None
         try:
             self.conn = self._accept(start_timeout)

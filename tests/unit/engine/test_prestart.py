@@ -178,3 +178,26 @@ def test_ensure_shared_starts_only_a_parent_that_is_not_live(tmp_path, monkeypat
     # The key is the engine's: per-engine variables (a test's own) do not change it.
     assert forkserver.shared_key("/py", {**env, "HIL_ENGINE_THREADS": "1"})[1] == key
     assert len(calls) == 2
+
+
+class _Spawned(Exception):
+    """Raised in place of an engine process: the environment it would have started with."""
+
+
+@pytest.mark.parametrize("cfg", [CPU, SPYRE], ids=["vllm-cpu", "spyre-eager-cp"])
+def test_the_parent_started_ahead_is_the_one_the_engine_start_asks_for(cfg, tmp_path,
+                                                                        monkeypatch):
+    from harness.engine import host
+    from harness.engine.pool import EnginePool, PoolSettings
+
+    def spawn(python, address, child_env, cwd, log_path, logfile):
+        raise _Spawned(python, child_env)
+
+    monkeypatch.setattr(host.forkserver, "spawn_engine", spawn)
+    monkeypatch.setattr("harness.engine.pool.preflight_config", lambda cfg: None)
+    with pytest.raises(_Spawned) as started:
+        EnginePool(PoolSettings(reports_dir=tmp_path)).get(cfg)
+    python, child_env = started.value.args
+    ((ahead_python, ahead_env),) = prestart.parent_wants([cfg])
+    assert ahead_python == python
+    assert forkserver.shared_key(ahead_python, ahead_env) == forkserver.shared_key(python, child_env)
