@@ -84,6 +84,13 @@ def test_a_damaged_record_plans_nothing_and_raises_nothing(tmp_path, damage):
     assert planned_configs(tmp_path, ["t::a"], stack="default") == [CPU]
 
 
+def test_a_configs_record_that_is_a_folder_is_never_an_error(tmp_path):
+    (tmp_path / CONFIGS).mkdir()
+    record(tmp_path, {"t::a": CPU})  # written beside it: nothing raised, nothing planned
+    assert (tmp_path / CONFIGS).is_dir()
+    assert planned_configs(tmp_path, ["t::a"], stack="default") == []
+
+
 def test_one_parent_per_environment_none_for_a_device_or_a_missing_stack():
     wants = prestart.parent_wants([CPU, CPU_SMALL_POOL, SPYRE, SPYRE.with_(max_num_seqs=2),
                                    CPU.with_(stack="no-such-stack"),
