@@ -128,9 +128,7 @@ class EngineHost:
             self.proc = forkserver.spawn_engine(python or sys.executable, address, child_env,
                                                 str(self.work_dir), self.log_path, self._logfile)
         except BaseException:  # no process (an interpreter that cannot run): nothing left open
-            self._listener.close()
-            self._logfile.close()
-            self._sockdir.cleanup()
+            self._release()
             raise
         self.conn: Connection | None = None
         try:
@@ -254,6 +252,10 @@ class EngineHost:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+        self._release()
+
+    def _release(self) -> None:
+        """Close the listener and the log, remove the socket folder and an empty scratch one."""
         self._listener.close()
         self._logfile.close()
         self._sockdir.cleanup()

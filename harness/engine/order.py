@@ -99,9 +99,10 @@ def save_configs(cache_dir: Path, configs: dict[str, dict[str, Any]]) -> None:
     _merge(cache_dir, CONFIGS, configs, load_configs)
 
 
-def config_entry(cfg: EngineConfig) -> tuple[str, dict[str, Any]]:
-    """The record's entry of ``cfg``: its id and its configuration without the device."""
-    return config_id(cfg), cfg.with_(device=None).to_dict()
+def config_entry(cfg: EngineConfig) -> dict[str, Any]:
+    """The record's entry of ``cfg`` (under ``config_id``): its configuration without the
+    device."""
+    return cfg.with_(device=None).to_dict()
 
 
 def planned_configs(cache_dir: Path, nodeids: list[str], stack: str) -> list[EngineConfig]:

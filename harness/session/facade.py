@@ -28,7 +28,7 @@ from harness.core.errors import EngineRefused, EngineStartDefect
 from harness.core.trace import KvSnapshot, Trace
 from harness.engine.driver import DriverSettings, EngineDriver
 from harness.engine.hygiene import EngineHygiene
-from harness.engine.order import config_entry
+from harness.engine.order import config_entry, config_id
 from harness.engine.pool import EnginePool, PoolSettings
 from harness.geometry.catalog import Geometry
 from harness.lab.leases import LeaseManager
@@ -232,9 +232,10 @@ class HilSession(SessionVerdicts):
     def _before_call(self, cfg: EngineConfig) -> None:
         """Record the test's engine configuration (the test order of the next run); in a plan
         pass (``--hil-plan``) start nothing."""
-        cid, entry = config_entry(cfg)
+        cid = config_id(cfg)
         self.test_configs.setdefault(self.current_test, cid)
-        self.configs_seen.setdefault(cid, entry)
+        if cid not in self.configs_seen:  # once per configuration, not at every call
+            self.configs_seen[cid] = config_entry(cfg)
         if self.opts.plan_only:
             pytest.skip(f"plan only: recorded engine configuration {cfg.label}")
 

@@ -16,6 +16,7 @@ from harness.engine import forkserver, prestart
 from harness.engine.order import (
     CONFIGS,
     config_entry,
+    config_id,
     planned_configs,
     save_configs,
     save_record,
@@ -29,8 +30,8 @@ SPYRE = EngineConfig(target="spyre", model="/m/tiny", max_model_len=256, max_num
 
 
 def record(cache: Path, tests: dict[str, EngineConfig]) -> None:
-    entries = dict(config_entry(c) for c in tests.values())
-    save_record(cache, {n: config_entry(c)[0] for n, c in tests.items()})
+    entries = {config_id(c): config_entry(c) for c in tests.values()}
+    save_record(cache, {n: config_id(c) for n, c in tests.items()})
     save_configs(cache, entries)
 
 
@@ -39,7 +40,7 @@ def test_a_configuration_comes_back_from_its_record_entry():
                       backend="eager", mode="sb", warmup=WarmupShape(64, 20, 2),
                       faults=("perturb-logit:position=5",), stack="spyre-1.10")
     for cfg in (CPU, SPYRE, sb, CPU.with_(prefix_caching=False, tensor_parallel_size=2)):
-        back = EngineConfig.from_dict(json.loads(json.dumps(config_entry(cfg)[1])))
+        back = EngineConfig.from_dict(json.loads(json.dumps(config_entry(cfg))))
         assert back == cfg and back.key == cfg.key
 
 
@@ -77,7 +78,7 @@ def test_a_device_is_not_part_of_the_recorded_configuration(tmp_path):
 ])
 def test_a_damaged_record_plans_nothing_and_raises_nothing(tmp_path, damage):
     record(tmp_path, {"t::a": CPU})
-    cid = config_entry(CPU)[0]
+    cid = config_id(CPU)
     (tmp_path / CONFIGS).write_text(damage.replace("ID", cid))
     assert planned_configs(tmp_path, ["t::a"], stack="default") == []
     record(tmp_path, {"t::a": CPU})  # the next run's record replaces it
