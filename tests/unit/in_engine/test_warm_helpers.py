@@ -1,0 +1,75 @@
+"""A platform parent traces vLLM's compiled sampler helper once, for the engines it forks
+(``harness.in_engine.fork_parent.warm_compiled_helpers``), on the installed vLLM and plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.core.paths import REPO_ROOT
+
+# In one child Python whose platform is Spyre's with the eager helper backend: an "engine"
+# forked before the warm-up and one forked after call the sampler as engines do (batches of 1
+# and 4, another vocabulary, each grad mode) and count the frames dynamo traced in them; before
+# that, the warm-up is asked where it must do nothing (a code-generating backend, compiling
+# disabled).
+_CHILD = r"""
+import json, os, threading
+import torch
+from torch._dynamo.utils import counters
+from vllm.platforms import current_platform
+from vllm.v1.sample.sampler import Sampler
+from harness.in_engine.fork_parent import warm_compiled_helpers
+
+def engine_traces():
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        before = sum(counters["frames"].values())
+        for mode in ("enable_grad", "no_grad", "inference_mode"):
+            with getattr(torch, mode)():
+                for rows, vocab in ((1, 300), (4, 300), (2, 5000)):
+                    logprobs = torch.randn(rows, vocab).log_softmax(-1)
+                    Sampler.gather_logprobs(logprobs, 5, torch.zeros(rows, dtype=torch.int64))
+        os.write(w, str(sum(counters["frames"].values()) - before).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return int(os.read(r, 100))
+
+out = {"backend": current_platform.simple_compile_backend}
+type(current_platform).simple_compile_backend = "inductor"
+out["inductor"] = warm_compiled_helpers()
+type(current_platform).simple_compile_backend = "eager"
+os.environ["TORCH_COMPILE_DISABLE"] = "1"
+out["disabled"] = warm_compiled_helpers()
+del os.environ["TORCH_COMPILE_DISABLE"]
+out["traced_without"] = engine_traces()
+out["warmed"] = warm_compiled_helpers()
+out["threads"] = threading.active_count()
+out["traced_with"] = engine_traces()
+print(json.dumps(out))
+"""
+
+
+def test_an_engine_forked_after_the_warm_up_traces_no_sampler_helper():
+    pytest.importorskip("sendnn_inference")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("VLLM_", "SENDNN_", "TORCH_COMPILE"))}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT),
+                "VLLM_PLUGINS": "sendnn_inference",
+                "SENDNN_INFERENCE_SIMPLE_COMPILE_BACKEND": "eager"})
+    proc = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO_ROOT, text=True,
+                          capture_output=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["backend"] == "eager", got  # the platform the engines of the eager target get
+    # Nothing where the backend generates code (gcc, threads in the parent) or nothing compiles.
+    assert got["inductor"] == [] and got["disabled"] == [], got
+    assert got["traced_without"] > 0, got  # the control: there is tracing to save
+    assert len(got["warmed"]) == 3, got  # every grad mode
+    assert got["threads"] == 1, got  # the parent stays fit to fork
+    assert got["traced_with"] == 0, got
