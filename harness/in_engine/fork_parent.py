@@ -178,7 +178,7 @@ def warm_compiled_helpers() -> list[str]:
     except Exception:
         return []
     if (getattr(current_platform, "simple_compile_backend", None) != "eager"
-            or os.environ.get("TORCH_COMPILE_DISABLE", "").strip().lower() in ("1", "true")
+            or torch._dynamo.config.disable  # TORCH_COMPILE_DISABLE, as torch read it
             or not isinstance(inspect.getattr_static(Sampler, "gather_logprobs", None),
                               staticmethod)):
         return []

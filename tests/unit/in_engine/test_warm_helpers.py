@@ -44,9 +44,9 @@ out = {"backend": current_platform.simple_compile_backend}
 type(current_platform).simple_compile_backend = "inductor"
 out["inductor"] = warm_compiled_helpers()
 type(current_platform).simple_compile_backend = "eager"
-os.environ["TORCH_COMPILE_DISABLE"] = "1"
+torch._dynamo.config.disable = True  # what TORCH_COMPILE_DISABLE=1 sets at torch's import
 out["disabled"] = warm_compiled_helpers()
-del os.environ["TORCH_COMPILE_DISABLE"]
+torch._dynamo.config.disable = False
 out["traced_without"] = engine_traces()
 out["warmed"] = warm_compiled_helpers()
 out["threads"] = threading.active_count()
