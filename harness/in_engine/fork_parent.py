@@ -167,9 +167,10 @@ def warm_compiled_helpers() -> list[str]:
     model vocabulary: 0.1-0.3 s per engine (measured on 2 cores, 0.06-0.23 s per trace). The
     forked engine finds the traced graph in its copy of the parent's memory, with the vocabulary
     and batch sizes dynamic, in each grad mode; anything else it traces itself, as before. Where
-    the platform compiles these helpers with a code-generating backend, compiling is disabled,
-    or the sampler's helper is not a static method, nothing is done. Never an error: what
-    cannot be traced here the engine traces. Returns what was traced."""
+    the platform compiles these helpers with inductor, only inductor's probe of the CPU is run
+    here (``_warm_inductor_isa``); where compiling is disabled, another backend is used, or the
+    sampler's helper is not a static method, nothing is done. Never an error: what cannot be
+    traced here the engine traces. Returns what was traced or probed."""
     try:
         # deferred: heavy imports, paid only where this runs (a platform parent has them)
         import torch
@@ -177,8 +178,12 @@ def warm_compiled_helpers() -> list[str]:
         from vllm.v1.sample.sampler import Sampler
     except Exception:
         return []
-    if (getattr(current_platform, "simple_compile_backend", None) != "eager"
-            or torch._dynamo.config.disable  # TORCH_COMPILE_DISABLE, as torch read it
+    if torch._dynamo.config.disable:  # TORCH_COMPILE_DISABLE, as torch read it
+        return []
+    backend = getattr(current_platform, "simple_compile_backend", None)
+    if backend == "inductor":
+        return _warm_inductor_isa()
+    if (backend != "eager"
             or not isinstance(inspect.getattr_static(Sampler, "gather_logprobs", None),
                               staticmethod)):
         return []
@@ -194,6 +199,26 @@ def warm_compiled_helpers() -> list[str]:
         except Exception:  # the engine traces it at its first step, as without this
             continue
     return warmed
+
+
+def _warm_inductor_isa() -> list[str]:
+    """Where the platform compiles vLLM's helpers with inductor (the Spyre card targets: the
+    plugins' default), inductor's first compile or cache load in an engine picks the CPU's vector
+    instruction set by building and loading a probe library per candidate, each loaded in a new
+    Python that imports torch (``torch._inductor.cpu_vec_isa.valid_vec_isa_list``, cached for
+    the process): six such Pythons on an AVX-512 host, 9-10 s per engine with vllm-spyre 1.10's
+    torch 2.10, about 1 s with torch 2.13. Run here once, the answer is in every forked
+    engine's copy of this process; the probes are waited for (no thread is left), and
+    ``ATEN_CPU_CAPABILITY``, which picks among them, is still read by the engine. The helpers
+    themselves are not compiled here (inductor's compile workers are threads and processes a
+    parent that forks must not hold). Never an error: the engine probes as before."""
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        valid = cpu_vec_isa.valid_vec_isa_list()
+    except Exception:
+        return []
+    return [f"inductor vector ISA probe ({', '.join(str(v) for v in valid) or 'none'})"]
 
 
 def _importer() -> str:
