@@ -5,16 +5,21 @@ and a fresh set-up of every stack). The command is read from ``.ci/run`` (the li
 which must be the README's), split at ``&&`` into its steps, and run in a clone of HEAD with
 the ``HIL_*`` variables unset, as ``.ci/run`` does; each step's wall time and exit code are
 recorded, and the total. A step that fails ends the run (as ``&&`` does) and fails the bench.
+A step that runs pytest also writes a JUnit file (``--junitxml``, appended to that step alone:
+the pytest runs the tests start are untouched), from which the step's test time is summed by
+test module (``by_file``: where the step's time goes).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree as ET
 
 CI_SCRIPT = ".ci/run"
 
@@ -45,12 +50,16 @@ def ci_wall(root: Path, work: Path) -> dict[str, Any]:
     for step in ci_steps(ci_command(clone)):
         s = time.monotonic()
         log = work / f"ci-step-{len(steps)}.log"
+        junit = work / f"ci-step-{len(steps)}.xml"
+        junit.unlink(missing_ok=True)
         with log.open("w") as out:
-            rc = subprocess.run(["bash", "-c", step], cwd=clone, env=env, stdout=out,
-                                stderr=subprocess.STDOUT).returncode
+            rc = subprocess.run(["bash", "-c", with_junit(step, junit)], cwd=clone, env=env,
+                                stdout=out, stderr=subprocess.STDOUT).returncode
         steps.append({"command": step, "wall_s": round(time.monotonic() - s, 1), "returncode": rc,
-                      "summary": _last_summary(log)})
+                      "summary": _last_summary(log), "by_file": by_file(junit)})
         print(f"  ci step {len(steps)}: {steps[-1]['wall_s']} s, exit {rc}: {step}", flush=True)
+        for name, seconds, tests in steps[-1]["by_file"][:10]:
+            print(f"    {seconds:8.1f} s  {tests:4d} tests  {name}", flush=True)
         if rc != 0:
             break
     failed = [s for s in steps if s["returncode"] != 0]
@@ -66,3 +75,29 @@ def _last_summary(log: Path) -> str:
     lines = [ln.strip("= ") for ln in log.read_text(errors="replace").splitlines()
              if " in " in ln and ("passed" in ln or "failed" in ln) and ln.startswith("=")]
     return lines[-1] if lines else ""
+
+
+_PYTEST = re.compile(r"(^|\s)(-m\s+pytest|pytest)(\s|$)")
+
+
+def with_junit(step: str, junit: Path) -> str:
+    """``step`` writing its JUnit file to ``junit`` where it runs pytest, else unchanged."""
+    return f"{step} --junitxml={junit}" if _PYTEST.search(step) else step
+
+
+def by_file(junit: Path) -> list[tuple[str, float, int]]:
+    """A JUnit file's test time summed by test module: (module, seconds, tests), largest first;
+    empty where there is no readable file."""
+    try:
+        root = ET.parse(junit).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    sums: dict[str, list[float]] = {}
+    for case in root.iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        while len(parts) > 1 and parts[-1][:1].isupper():  # a test class: its module
+            parts.pop()
+        acc = sums.setdefault(".".join(parts), [0.0, 0])
+        acc[0] += float(case.get("time") or 0)
+        acc[1] += 1
+    return sorted(((m, round(t, 1), int(n)) for m, (t, n) in sums.items()), key=lambda r: -r[1])

@@ -200,7 +200,28 @@ def test_the_ci_part_times_the_readme_command_step_by_step_on_a_clone(tmp_path, 
     out = ci_wall(repo, tmp_path / "w1")
     assert [s["returncode"] for s in out["steps"]] == [0, 0, 0] and out["problem"] is None
     assert out["steps"][1]["summary"] == "3 passed in 1.00s"
+    assert "by_file" in out["steps"][1] and out["steps"][1]["by_file"] == []  # not pytest
     commit("./setup.sh && false && echo never")
     out = ci_wall(repo, tmp_path / "w2")
     assert [s["returncode"] for s in out["steps"]] == [0, 1]  # a failed step ends the run
     assert out["problem"] == "step failed (exit 1): false"
+
+
+def test_the_ci_part_sums_a_pytest_step_by_module(tmp_path):
+    from bench.ci_wall import by_file, with_junit
+
+    xml = tmp_path / "j.xml"
+    assert with_junit(".venv/bin/python -m pytest -n 2", xml) == (
+        f".venv/bin/python -m pytest -n 2 --junitxml={xml}")
+    assert with_junit("pytest suites -m cpu", xml).endswith(f" --junitxml={xml}")
+    assert with_junit("./setup.sh --stack default", xml) == "./setup.sh --stack default"
+    assert by_file(xml) == []  # no file: nothing, no error
+    xml.write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="tests.e2e.test_a" name="t1" time="10.5"/>'
+        '<testcase classname="tests.e2e.test_a.TestX" name="t2" time="2"/>'
+        '<testcase classname="suites.test_b" name="t3" time="20"/>'
+        '</testsuite></testsuites>')
+    assert by_file(xml) == [("suites.test_b", 20.0, 1), ("tests.e2e.test_a", 12.5, 2)]
+    xml.write_text("<testsuites")
+    assert by_file(xml) == []
