@@ -19,7 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
-from xml.etree import ElementTree as ET
+
+from harness.lab.shard_plan import DurationsError, load_durations
 
 CI_SCRIPT = ".ci/run"
 
@@ -87,17 +88,18 @@ def with_junit(step: str, junit: Path) -> str:
 
 def by_file(junit: Path) -> list[tuple[str, float, int]]:
     """A JUnit file's test time summed by test module: (module, seconds, tests), largest first;
-    empty where there is no readable file."""
+    empty where there is no readable file. The file is read as ``hil nightly --shard`` reads
+    one (``load_durations``: seconds per ``classname::name``)."""
     try:
-        root = ET.parse(junit).getroot()
-    except (OSError, ET.ParseError):
+        durations = load_durations(junit)
+    except DurationsError:
         return []
     sums: dict[str, list[float]] = {}
-    for case in root.iter("testcase"):
-        parts = case.get("classname", "").split(".")
+    for test, seconds in durations.items():
+        parts = test.partition("::")[0].split(".")
         while len(parts) > 1 and parts[-1][:1].isupper():  # a test class: its module
             parts.pop()
         acc = sums.setdefault(".".join(parts), [0.0, 0])
-        acc[0] += float(case.get("time") or 0)
+        acc[0] += seconds
         acc[1] += 1
     return sorted(((m, round(t, 1), int(n)) for m, (t, n) in sums.items()), key=lambda r: -r[1])
