@@ -206,7 +206,7 @@ class ForkServer:
             proc.wait()
             sockdir.cleanup()
             raise ForkServerError(f"fork server unfit: {unfit_reason(report)}")
-        log.info("fork server %s ready in %.1f s (skipped: %s; traced: %s)", proc.pid,
+        log.info("fork server %s ready in %.1f s (skipped: %s; warmed: %s)", proc.pid,
                  report.get("seconds", 0), skipped_summary(report),
                  ", ".join(report.get("warmed") or ()) or "nothing")
         return cls(python, env, proc, conn, report, log_path, _sockdir=sockdir)

@@ -158,34 +158,43 @@ _GRAD_MODES = ("enable_grad", "no_grad", "inference_mode")
 
 
 def warm_compiled_helpers() -> list[str]:
-    """Trace here, once for every engine forked from this platform parent, what vLLM compiles
-    with ``torch.compile`` at an engine's first steps, where the platform compiles such helpers
-    with dynamo's ``eager`` backend (tracing only: no code generated, no thread started): the
-    sampler's rank count (``batched_count_greater_than``), through the installed
-    ``Sampler.gather_logprobs`` itself, so with the marks its version puts on the batch. An
-    engine traced it at its first logprob step and again at its first batch of another size or
-    model vocabulary: 0.1-0.3 s per engine (measured on 2 cores, 0.06-0.23 s per trace). The
-    forked engine finds the traced graph in its copy of the parent's memory, with the vocabulary
-    and batch sizes dynamic, in each grad mode; anything else it traces itself, as before. Where
-    the platform compiles these helpers with inductor, only inductor's probe of the CPU is run
-    here (``_warm_inductor_isa``); where compiling is disabled, another backend is used, or the
-    sampler's helper is not a static method, nothing is done. Never an error: what cannot be
-    traced here the engine traces. Returns what was traced or probed."""
+    """Do here, once for every engine forked from this platform parent, what an engine pays at
+    its first steps for the helpers vLLM compiles with ``torch.compile``, by the backend the
+    platform compiles them with: ``eager``, the trace of the sampler's helper
+    (``_trace_sampler_helper``); inductor, its probe of the CPU (``_warm_inductor_isa``). Where
+    compiling is disabled or another backend is used, nothing is done. Never an error: what is
+    not done here the engine does. Returns what was traced or probed."""
     try:
         # deferred: heavy imports, paid only where this runs (a platform parent has them)
         import torch
         from vllm.platforms import current_platform
-        from vllm.v1.sample.sampler import Sampler
     except Exception:
         return []
     if torch._dynamo.config.disable:  # TORCH_COMPILE_DISABLE, as torch read it
         return []
     backend = getattr(current_platform, "simple_compile_backend", None)
+    if backend == "eager":
+        return _trace_sampler_helper(torch)
     if backend == "inductor":
         return _warm_inductor_isa()
-    if (backend != "eager"
-            or not isinstance(inspect.getattr_static(Sampler, "gather_logprobs", None),
-                              staticmethod)):
+    return []
+
+
+def _trace_sampler_helper(torch: Any) -> list[str]:
+    """Where the platform compiles vLLM's helpers with dynamo's ``eager`` backend (tracing
+    only: no code generated, no thread started), trace the one every engine calls: the
+    sampler's rank count (``batched_count_greater_than``), through the installed
+    ``Sampler.gather_logprobs`` itself, so with the marks its version puts on the batch. An
+    engine traced it at its first logprob step and again at its first batch of another size or
+    model vocabulary: 0.1-0.3 s per engine (measured on 2 cores, 0.06-0.23 s per trace). The
+    forked engine finds the traced graph in its copy of the parent's memory, with the vocabulary
+    and batch sizes dynamic, in each grad mode; anything else it traces itself, as before.
+    Nothing where the sampler's helper is not a static method (vLLM 0.9)."""
+    try:
+        from vllm.v1.sample.sampler import Sampler
+    except Exception:
+        return []
+    if not isinstance(inspect.getattr_static(Sampler, "gather_logprobs", None), staticmethod):
         return []
     warmed: list[str] = []
     for mode in _GRAD_MODES:
