@@ -69,6 +69,11 @@ def log_since(path: Path, offset: int) -> str:
         return ""
 
 
+def engine_log_path(log_dir: Path, cfg: EngineConfig) -> Path:
+    """The log of this process's engines of ``cfg`` (each start appends to it)."""
+    return log_dir / f"{cfg.key.replace(':', '-')}-{os.getpid()}.log"
+
+
 def engine_process_env(env: dict[str, str]) -> dict[str, str]:
     """The environment an engine process starts with: this process's (the lab's
     instrumentation included), ``env`` on top, the checkout first on PYTHONPATH."""
@@ -102,15 +107,14 @@ class EngineHost:
         self.cfg = cfg
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
-        safe = cfg.key.replace(":", "-")
-        self.log_path = log_dir / f"{safe}-{os.getpid()}.log"
+        self.log_path = engine_log_path(log_dir, cfg)
         self._sockdir = tempfile.TemporaryDirectory(prefix="hil-eng-")
         # The engine's working directory: its own scratch folder (the card runtime writes
         # relative files), never the installed package's folder.
         if work_dir is None:
             self.work_dir = Path(self._sockdir.name) / "work"
         else:
-            self.work_dir = work_dir / f"{safe}-{os.getpid()}"
+            self.work_dir = work_dir / self.log_path.stem
         self.work_dir.mkdir(parents=True, exist_ok=True)
         address = os.path.join(self._sockdir.name, "engine.sock")
         authkey = secrets.token_bytes(16)

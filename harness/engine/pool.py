@@ -18,8 +18,9 @@ from typing import Any
 from harness.checks.capacity import CapacityError, check_capacity, preflight_config
 from harness.core.config import EngineConfig
 from harness.core.errors import DeviceMismatch, EngineError, EngineStartError
+from harness.engine.bind_retry import start_with_free_ports
 from harness.engine.device_ledger import DeviceLedger
-from harness.engine.host import START_TIMEOUT, EngineHost, log_since
+from harness.engine.host import START_TIMEOUT, EngineHost, engine_log_path, log_since
 from harness.in_engine.faults import FAULT_STATE_ENV
 from harness.stacks import host as host_stack
 from harness.stacks.spec import load_stack, stack_python
@@ -160,15 +161,17 @@ class EnginePool:
             env = engine_env(cfg, target, stack_env)
             env[FAULT_STATE_ENV] = self.fault_state_dir()
             llm_kwargs = engine_kwargs(cfg, target, stack_kwargs)
-            host = EngineHost(
+            log_dir = self.settings.reports_dir / "engine-logs"
+            # A start that found a port taken (another run's) is started again with others.
+            host = start_with_free_ports(lambda ports_env: EngineHost(
                 cfg,
-                env,
+                {**env, **ports_env},
                 llm_kwargs,
-                self.settings.reports_dir / "engine-logs",
+                log_dir,
                 start_timeout=start_timeout(target, self.settings.start_timeout),
                 python=python,
                 work_dir=self.settings.work_dir,
-            )
+            ), engine_log_path(log_dir, cfg), cfg.label)
         except EngineError as e:
             if holds_device:
                 self.device_ledger.started(cfg, ok=False, purpose=self.purpose)

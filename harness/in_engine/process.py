@@ -16,6 +16,7 @@ from multiprocessing.connection import Client, Connection
 from typing import Any
 
 from harness.core.cpu_share import take_share
+from harness.core.ports import pick_bind_ports
 from harness.core.serialise import snapshot_to_dict, trace_to_dict
 from harness.core.trace import (
     SOURCE_VLLM_SCHEDULER,
@@ -137,6 +138,7 @@ class EngineSide:
         self.forcing_unsupported = forcing.install(llm_kwargs)
         if not one_rank:
             ranks.share_with_ranks(config)  # their faults and readers, in their processes
+        pick_bind_ports()  # as late as can be, here: its ranks inherit them (harness.core.ports)
         self.llm = LLM(**llm_kwargs)
         self.compute_seconds = 0.0
         self._time_forward_passes()
@@ -510,12 +512,7 @@ def serve(conn: Connection) -> int:
             return 0
         handler = getattr(side, op, None)
         if handler is None or op.startswith("_"):
-            conn.send(
-                (
-                    "error",
-                    {"type": "ProtocolError", "message": f"unknown command {op!r}"},
-                )
-            )
+            conn.send(("error", {"type": "ProtocolError", "message": f"unknown command {op!r}"}))
             continue
         try:
             conn.send(("ok", handler(payload)))

@@ -134,6 +134,8 @@ VARIABLES: list[Variable] = [
     _internal("HIL_ALLOW_EXTERNAL_FAULTS", "set from --allow-external-faults for engines"),
     _internal("HIL_RANK_ENGINE_CONFIG", "a tensor-parallel engine's configuration, for its ranks"),
     _internal("HIL_RANK_ENGINE_PID", "the engine process that shared it with its ranks"),
+    _internal("HIL_BIND_PORTS", "the variables an engine fills with a port it picks as it starts"),
+    _internal("HIL_PORTS_AVOID", "the ports an engine's earlier start found taken (engine pool)"),
 ]
 
 BY_VARIABLE: dict[str, Variable] = {v.name: v for v in VARIABLES}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from harness.core.comparison import NearTiePolicy
 from harness.core.config import ConfigError, EngineConfig
 from harness.core.devices import DeviceScan, InventoryDevice, device_root
+from harness.core.ports import AVOID_ENV, BIND_PORTS_ENV
 from harness.in_engine.kind_modules import BATCH_ORDER
 from harness.scenario.prompts import EngineLimits
 from harness.targets.base import (
@@ -86,13 +86,6 @@ SWITCHED_OFF = {"np": "pausing"}
 BACKENDS = ("sendnn", "eager")  # the inventory's default first: a card
 
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _discover(root: Path) -> DeviceScan:
     return discover_spyre(root)
 
@@ -122,7 +115,9 @@ OWNED_ENV = (
     ("HIL_CARD_ADDRESS", "the harness sets it from the device's address, and the on-card check"
      " compares the card the engine opened with it: give the card as address = \"...\""),
     ("MASTER_ADDR", "the harness gives each engine its own loopback rendezvous"),
-    ("MASTER_PORT", "the harness gives each engine a free port"),
+    ("MASTER_PORT", "each engine picks a free port as it starts (harness/core/ports.py)"),
+    (BIND_PORTS_ENV, "the harness names the variables each engine picks a port for"),
+    (AVOID_ENV, "the engine pool names the ports an earlier start found taken"),
     *((g.var(k), "the harness sets it from the test's target variant (backend, mode, warmup)")
       for g in GENERATIONS for k in _VARIANT_KEYS),
 )
@@ -441,9 +436,10 @@ class SpyreTarget(VllmTarget):
             "VLLM_PLUGINS": gen.plugin,
             gen.var("DYNAMO_BACKEND"): str(cfg.backend),
             **gen.mode_env(str(cfg.mode)),
-            # The worker initialises torch.distributed with init_method="env://".
+            # The worker initialises torch.distributed with init_method="env://"; the engine
+            # process picks MASTER_PORT as it starts, not the harness ahead (harness.core.ports).
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
+            BIND_PORTS_ENV: "MASTER_PORT",
         })
         if cfg.backend == "eager":
             # The default compiles sampler helpers with gcc: ~10 s for nothing on CPU.
