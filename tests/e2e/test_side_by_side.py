@@ -52,7 +52,8 @@ def test_two_runs_at_once_each_restart_an_engine_whose_port_was_taken_and_pass(t
     with ThreadPoolExecutor(len(RUNS)) as pool:
         runs = dict(zip(RUNS, pool.map(run, RUNS), strict=True))
     for name, r in runs.items():
-        assert r.returncode == 0 and r.outcomes and not r.failed(), (name, r.output[-4000:])
+        why = {t: r.messages.get(t, "").strip().splitlines()[:1] for t in r.failed()}
+        assert r.returncode == 0 and r.outcomes and not r.failed(), (name, why, r.output[-2000:])
         assert set(r.outcomes.values()) == {"passed"}, (name, r.outcomes)
         logs = engine_logs(folders[name])
         taken = re.findall(r"test fault: port (\d+) taken before vLLM binds it", logs)

@@ -141,3 +141,19 @@ def test_the_pool_gives_a_test_the_engine_restarted_after_its_port_was_taken(tmp
     assert envs[0][BIND_PORTS_ENV] == "MASTER_PORT" and "MASTER_PORT" not in envs[0]
     assert envs[1][AVOID_ENV] == "20001"
     assert [s.config for s in pool.started] == [SPYRE.label]
+
+
+def test_no_port_is_chosen_ahead_so_none_keys_a_parent_or_differs_between_starts():
+    """Two starts of one configuration are given the same environment (the harness used to put
+    a port of its choosing in each), and a port in an engine's environment keys no parent."""
+    from harness.engine import forkserver
+    from harness.targets import target_for
+
+    first, second = (target_for(SPYRE).engine_env() for _ in range(2))
+    assert first == second and "MASTER_PORT" not in first
+    assert first[BIND_PORTS_ENV] == "MASTER_PORT"
+    with_ports = [{**first, "MASTER_PORT": p, AVOID_ENV: p} for p in ("20001", "20002")]
+    keys = {forkserver.shared_key("python", env)[1] for env in with_ports}
+    assert len(keys) == 1
+    assert len({forkserver.platform_key(env) for env in with_ports}) == 1
+    assert not any(k.startswith(("MASTER_", "HIL_")) for k in forkserver.parent_env(first, {}))
