@@ -184,7 +184,7 @@ class Tally:
         else:
             self.passed += 1
         for k in outcome.known:
-            self.known[k.summary] += 1
+            self.known[k.reason] += 1
 
     @property
     def seconds_per_example(self) -> float | None:
