@@ -132,3 +132,23 @@ def test_an_entry_combines_its_why_and_its_conditions(tmp_path: Path):
     crashed = Verdict.failed("engine_error", "EngineCrashed: request r1")
     assert known_failure(crashed, aborting, "vllm-cpu", "canary", known) is None
     assert known_failure(Verdict.passed("engine_error"), aborting, "x", "y", known) is None
+
+
+def test_hil_explore_refuses_a_bad_quarantine_file_before_any_engine_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    from harness.explore import command, session
+    from harness.explore.findings import RunInfo
+
+    bad = tmp_path / "quarantine.toml"
+    bad.write_text('[[known]]\ncheck = "engine_error"\nwhen = ["aborted"]\nreason = "r"\n'
+                   'issue = "I"\n', encoding="utf-8")
+    monkeypatch.setattr(known_module, "default_file", lambda: bad)
+    monkeypatch.setattr(session, "open_session",
+                        lambda *a, **k: pytest.fail("an engine session was opened"))
+    info = RunInfo(seed=0, budget=5, shrink_budget=1, model="tiny-llama", stack="default",
+                   explore_dir=tmp_path / "reports" / "explore")
+    assert command.explore(info, []) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hil explore: {bad}: known #1 ('engine_error'): when names 'aborted',"
+                          " which is no condition hil explore knows"), err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "reports").exists()
