@@ -3,14 +3,18 @@
     hil explore [--target T] [--model M] [--stack S] --budget SECONDS [--seed N]
                 [--shrink-budget SECONDS] [--reports-dir DIR] [--cache-dir DIR]
                 [--inject-fault FAULT ...] [--inventory FILE] [--engine-timeout SECONDS]
+                [--confirm N]
 
 Every target variant ``--target`` names that reads its KV ledgers at every step (default:
 every such variant this machine runs) is searched in turn, the budget shared among them; the
-first finding ends the search. Writes REPORTS_DIR/explore/findings.md and, per finding, a
-regression test beside it. Exit 0: nothing found; 1: a finding (or the search stopped on an
-engine or harness error, which the output names); 2: bad input (an unknown target, model,
-stack or fault, a budget not above 0, a target this machine cannot run, the reports folder in
-use), or no example ran at all (every geometry refused: findings.md says why).
+first finding ends the search; it is reported once its shrunk example failed the same way on
+--confirm fresh engines (else as flaky). Writes REPORTS_DIR/explore/findings.md and, per
+finding, a regression test beside it. Exit 0: nothing found; 1: a finding, confirmed or flaky
+(the output says which), or the search stopped on an engine or harness error, which the output
+names; 2: bad input (an unknown target, model, stack or fault, a budget not above 0, a
+--confirm not a whole number, a quarantine.toml the suites would refuse too, a target this
+machine cannot run, the reports folder in use), or no example ran at all (every geometry
+refused: findings.md says why).
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ from pathlib import Path
 
 from harness.core.config import ConfigError
 from harness.core.paths import REPO_ROOT
-from harness.explore.findings import FINDINGS_FILE, FOLDER, RunInfo, write_findings
+from harness.explore.confirm import CONFIRM_REPLAYS
+from harness.explore.findings import (
+    FINDINGS_FILE,
+    FOLDER,
+    RunInfo,
+    console_lines,
+    write_findings,
+)
 from harness.plugin.options import add_cli_option, cli_type
 
 SHRINK_BUDGET = 300.0  # seconds of shrinking after the budget, at most (--shrink-budget)
@@ -58,6 +69,11 @@ def add_explore_parser(sub: argparse._SubParsersAction, root: Path) -> argparse.
     e.add_argument("--shrink-budget", type=cli_type("seconds", "--shrink-budget"),
                    default=SHRINK_BUDGET, help="seconds at most of shrinking a finding"
                    f" (default {SHRINK_BUDGET:g})")
+    e.add_argument("--confirm", type=cli_type("whole", "--confirm"), default=CONFIRM_REPLAYS,
+                   metavar="N", help="replays of a finding's shrunk example, each on a fresh"
+                   " engine, that must fail the same way before it is reported as a defect"
+                   f" (default {CONFIRM_REPLAYS}, as triage repeats a failure; 0: reported"
+                   " unconfirmed)")
     e.add_argument("--tensor-parallel", type=_sizes, default=(1,), metavar="N[,N]",
                    help="ranks per engine to draw from (default 1; e.g. 1,2: tensor-parallel"
                    " engines too, where the target runs them)")
@@ -180,7 +196,7 @@ def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
     info = RunInfo(seed=args.seed, budget=args.budget, shrink_budget=args.shrink_budget,
                    model=model, stack=stack, faults=faults,
                    cache_dir=Path(args.cache_dir).absolute(),
-                   explore_dir=reports / FOLDER)
+                   explore_dir=reports / FOLDER, confirm=args.confirm)
     stop = StopSignals()  # SIGTERM and SIGHUP end the search as Ctrl-C does: engines closed
     try:
         with stop, reports_lock(reports, " ".join(["hil", *sys.argv[1:]])):
@@ -204,10 +220,16 @@ def explore(info: RunInfo, variants: list, inventory: str = "",
     """Search ``variants`` in turn with ``info``'s budget shared among them; write the
     findings; 0 nothing found, 1 a finding, 2 nothing could run."""
     # deferred: the engines' session and hypothesis, paid only where the search runs
+    from harness.explore.known import default_file, load_known
     from harness.explore.runner import ExampleRunner
     from harness.explore.search import Explorer, Identity
     from harness.explore.session import SessionSettings, open_session, usable_variant
 
+    try:  # the stack's known failures: quarantine.toml's entries of explorer verdicts
+        known = load_known()
+    except ValueError as e:
+        print(f"hil explore: {e}", file=sys.stderr)
+        return 2
     cache_dir = info.cache_dir or default_cache_dir()
     hil = open_session(SessionSettings(
         cache_dir=cache_dir, reports_dir=info.explore_dir,
@@ -232,15 +254,16 @@ def explore(info: RunInfo, variants: list, inventory: str = "",
         share = info.budget / len(usable)
         print(f"hil explore: {', '.join(v.id for v in usable)} with {model.label} on stack"
               f" {info.stack}, {share:g} s each, seed {info.seed}"
-              + (f", faults injected: {', '.join(info.faults)}" if info.faults else ""),
-              flush=True)
+              + (f", faults injected: {', '.join(info.faults)}" if info.faults else "")
+              + f"; {len(known)} known failure(s) of {default_file()}", flush=True)
         results = []
         for v in usable:
             identity = Identity(v.id, model.label, info.stack, info.faults)
-            explorer = Explorer(ExampleRunner(hil, model, v, tensor_parallel=tensor_parallel),
+            explorer = Explorer(ExampleRunner(hil, model, v, known=known,
+                                              tensor_parallel=tensor_parallel),
                                 cache_dir / CACHE_FOLDER,
                                 identity, info.seed, share, info.shrink_budget,
-                                log=lambda line: print(line, flush=True))
+                                confirm=info.confirm, log=lambda line: print(line, flush=True))
             result = explorer.run()
             results.append((v.id, result))
             if result.findings:
@@ -268,13 +291,12 @@ def report(info: RunInfo, results: list, tests: list[Path]) -> int:
               f" {sum(t.rejected.values())} refused, {sum(t.geometries_refused.values())}"
               f" geometries refused; stopped: {result.stopped}", flush=True)
         for f in result.findings:
-            print(f"hil explore: finding {f.key}: [check {f.check}] {f.verdict.why}")
-            print(f"hil explore: found after {f.found_after:.1f} s, shrunk in"
-                  f" {f.shrink_seconds:.1f} s: {f.example.describe()}".replace("\n", "; "))
+            for line in console_lines(f):
+                print(f"hil explore: {line}")
     print(f"hil explore: {info.explore_dir / FINDINGS_FILE}")
     for test in tests:
         print(f"hil explore: regression test {test}")
-    if tests:
+    if tests:  # a flaky finding too: said as flaky above, never an all-clear
         return 1
     if ran_nothing(results):
         print("hil explore: no example ran (every geometry refused, see findings.md for why):"

@@ -1,5 +1,6 @@
 """What ``hil explore`` writes: ``DIR/explore/findings.md`` (every finding: its geometry, its
-workload, the failed check's text, and the search's figures; "no finding" when there is none)
+workload, the failed check's text, its replays on fresh engines (confirmed, or flaky), the
+checks that held on it, and the search's figures; "no finding" when there is none)
 and one pytest regression test per finding, ``DIR/explore/test_finding_<key>.py``, which replays
 the example through the harness plugin and fails while the defect is there. findings.md gives
 the exact command that runs it.
@@ -16,10 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.core.paths import REPO_ROOT
+from harness.explore.confirm import CONFIRM_REPLAYS
 from harness.explore.example import Example
 
 if TYPE_CHECKING:  # the search needs hypothesis, which only `hil explore` itself does
-    from harness.explore.search import Finding, SearchResult, Tally
+    from harness.explore.confirm import Finding
+    from harness.explore.search import SearchResult, Tally
 
 FINDINGS_FILE = "findings.md"
 FOLDER = "explore"  # REPORTS_DIR/explore/
@@ -44,6 +47,7 @@ class RunInfo:
     faults: tuple[str, ...] = ()
     cache_dir: Path | None = None  # None: the default (.hil-cache where the command runs)
     explore_dir: Path = Path(FOLDER)
+    confirm: int = CONFIRM_REPLAYS  # replays of a finding on fresh engines (--confirm)
     python: str = field(default_factory=lambda: sys.executable)
     checkout: Path = REPO_ROOT
 
@@ -79,6 +83,7 @@ def regression_test(finding: Finding, command: str) -> str:
         "",
         f"[check {finding.check}] {finding.verdict.why}",
         "",
+        *([finding.confirmation.summary(), ""] if finding.confirmation else []),
         _identity_line(finding),
         *_indented(finding.example.describe()),
         "",
@@ -169,11 +174,64 @@ def tally_lines(tally: Tally, result: SearchResult) -> list[str]:
     return lines
 
 
+def title(findings: Sequence[Finding]) -> str:
+    """findings.md's first line: how many findings, the flaky ones apart (a flaky finding is
+    no defect until it reproduces)."""
+    flaky = sum(f.flaky for f in findings)
+    defects = len(findings) - flaky
+    parts = []
+    if defects or not flaky:
+        parts.append(f"{defects or 'no'} finding{'' if defects == 1 else 's'}")
+    if flaky:
+        parts.append(f"{flaky} flaky finding{'' if flaky == 1 else 's'} (not confirmed)")
+    return "# hil explore: " + ", ".join(parts)
+
+
+def held_checks(finding: Finding) -> str:
+    """The checks that held on the finding's example, in one line ("none")."""
+    return ", ".join(v.check + (f" ({v.why})" if v.why else "") for v in finding.held) or "none"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def confirmation_lines(finding: Finding) -> list[str]:
+    """The replays of a finding on fresh engines, as findings.md shows them."""
+    c = finding.confirmation
+    if c is None:
+        return []
+    summary = c.summary()
+    lines = ["", summary[0].upper() + summary[1:] + "."]
+    if c.replays:
+        lines += ["", "| replay | outcome | s | verdict |", "|---|---|---|---|"]
+        lines += [f"| {i} | {r.outcome} | {r.seconds:.1f} | {_cell(r.line)} |"
+                  for i, r in enumerate(c.replays, 1)]
+    return lines
+
+
+def console_lines(finding: Finding) -> list[str]:
+    """What ``hil explore`` prints of a finding: the failure, when and how it was found and
+    shrunk, what its replays said (each replay's line when it is flaky), the checks that held."""
+    c = finding.confirmation
+    name = f"{'flaky finding' if finding.flaky else 'finding'} {finding.key}"
+    lines = [f"{name}: [check {finding.check}] {finding.verdict.why}",
+             (f"found after {finding.found_after:.1f} s, shrunk in {finding.shrink_seconds:.1f}"
+              f" s: {finding.example.describe()}").replace("\n", "; ")]
+    if c is not None:
+        lines.append(c.summary())
+        if finding.flaky:
+            lines += c.lines()
+    lines.append(f"checks that held on its example: {held_checks(finding)}")
+    return lines
+
+
 def finding_section(finding: Finding, test: Path, command: str) -> list[str]:
     v = finding.verdict
     others = [o for o in finding.outcome.failures if o is not v]
     lines = [
-        f"## Finding {finding.key}: [check {finding.check}]",
+        f"## {'Flaky finding' if finding.flaky else 'Finding'} {finding.key}:"
+        f" [check {finding.check}]",
         "",
         _identity_line(finding),
         f"Found after {finding.found_after:.1f} s of search"
@@ -181,6 +239,7 @@ def finding_section(finding: Finding, test: Path, command: str) -> list[str]:
         f" {finding.shrink_seconds:.1f} s ({_count(finding.shrink_runs, 'run')})"
         + ("" if finding.reproduced else
                     "; the shrunk example did not fail again when hypothesis replayed it"),
+        *confirmation_lines(finding),
         "",
         f"Geometry: {finding.example.geometry.describe().split(': ', 1)[1]}",
         "",
@@ -197,10 +256,14 @@ def finding_section(finding: Finding, test: Path, command: str) -> list[str]:
     if others:
         lines += ["", "Other checks that failed in the same run:", ""]
         lines += [f"- [check {o.check}] {o.why}" for o in others]
+    lines += ["", f"Checks that held on this example: {held_checks(finding)}."]
+    if finding.outcome.known:
+        lines += ["", "Known failures of the stack met in the same run (quarantine.toml): "
+                  + "; ".join(k.reason for k in finding.outcome.known) + "."]
     lines += [
         "",
         f"Regression test: `{test.name}` (beside this file). It fails while the defect is"
-        " there:",
+        " there" + (" (flaky: it may pass)" if finding.flaky else "") + ":",
         "",
         "```bash", command, "```",
     ]
@@ -218,7 +281,7 @@ def write_findings(info: RunInfo, results: Sequence[tuple[str, SearchResult]]) -
     findings = [f for _, r in results for f in r.findings]
     faults = f"; faults injected: {', '.join(info.faults)}" if info.faults else ""
     lines = [
-        f"# hil explore: {len(findings) or 'no'} finding{'' if len(findings) == 1 else 's'}",
+        title(findings),
         "",
         f"Model {info.model}, stack {info.stack}, seed {info.seed}, budget {info.budget:g} s"
         f" (shrinking {info.shrink_budget:g} s more){faults}.",

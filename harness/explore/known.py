@@ -1,43 +1,44 @@
 """Failures of the stacks themselves that are already known: the explorer meets them, counts
-them and goes on, as the suites report a quarantined test as known (quarantine.toml).
+them and goes on, as the suites report a quarantined test as known.
 
-Quarantine names suite tests; an example has no test id, so a known failure is told by its
-verdict: the check that failed, the stack and target variants it is known on, and what of the
-example it depends on. Each entry names the upstream note that describes it; lift it when the
-stack is fixed (a stack whose failure is gone never meets the entry).
+The list is data: the entries of ``quarantine.toml`` that name an explorer verdict (``check``;
+``harness.lab.quarantine``), beside the suites' entries, so a failure fixed upstream is lifted
+in one place. An example has no test id, so an entry tells its failure by the verdict: the
+check that failed, the target variants and stacks it is known on, a regular expression of the
+verdict's first line (``why``), and the conditions of the example it needs (``when``): each a
+name of ``CONDITIONS``, the closed set of conditions implemented here, once.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from pathlib import Path
 
 from harness.core.verdict import Verdict
 from harness.explore.example import Example
+from harness.lab.quarantine import KnownFailure, load_known_verdicts
 
 # The check an engine's crash, hang or failed call during a run is filed as (by the runner).
 ENGINE_ERROR = "engine_error"
 
 _REQUEST = re.compile(r"\brequest (r\d+)\b")
-# What the engine process says when a run's requests are still there at its step limit.
-STARVED = "scenario did not finish within"
 
 
 def _aborted(example: Example) -> set[str]:
     return {f"r{i}" for i, r in enumerate(example.requests) if r.abort_after is not None}
 
 
+def aborts(verdict: Verdict, example: Example) -> bool:
+    """The example aborts a request."""
+    return bool(_aborted(example))
+
+
 def names_an_aborted_request(verdict: Verdict, example: Example) -> bool:
-    """The verdict's first line names a request the example aborts."""
+    """The verdict's first line names a request the example aborts (the first it names)."""
     named = _REQUEST.findall(verdict.why)
     return bool(named) and named[0] in _aborted(example)
-
-
-def starved_after_an_abort(verdict: Verdict, example: Example) -> bool:
-    """The run never finished (a request waited for blocks to the step limit) in an example
-    that aborts a request: the blocks its kept promise holds never come back."""
-    return bool(_aborted(example)) and STARVED in verdict.why
 
 
 _POOL_VS_DEVICE = re.compile(r"the pool has (\d+) blocks but the device's KV cache holds (\d+)")
@@ -45,7 +46,7 @@ _POOL_VS_DEVICE = re.compile(r"the pool has (\d+) blocks but the device's KV cac
 
 def override_rounded_down(verdict: Verdict, example: Example) -> bool:
     """The device's KV cache is the pool rounded down to a multiple of max_num_seqs, and the
-    pool is not one: what sendnn-inference 2.6.3 allocates for such an override."""
+    pool is not one (the verdict's first line gives both counts)."""
     found = _POOL_VS_DEVICE.search(verdict.why)
     if not found:
         return False
@@ -59,9 +60,8 @@ _OUT_OF_BOUNDS = re.compile(r"IndexError: index (\d+) is out of bounds for dimen
 
 
 def block_past_the_rounded_cache(verdict: Verdict, example: Example) -> bool:
-    """The same defect once the scheduler hands out a block past the rounded-down cache: the
-    runner indexes its KV cache (a multiple of max_num_seqs blocks) less than a batch past
-    its end, and the engine's call fails."""
+    """The runner indexed its KV cache, whose size is a multiple of max_num_seqs blocks, less
+    than a batch past its end (the verdict's first line gives the index and the size)."""
     found = _OUT_OF_BOUNDS.search(verdict.why)
     if not found:
         return False
@@ -70,69 +70,55 @@ def block_past_the_rounded_cache(verdict: Verdict, example: Example) -> bool:
     return size % batch == 0 and size <= index < size + batch
 
 
-@dataclass(frozen=True)
-class KnownFailure:
-    """A failure of a stack that is known: ``check`` failing on ``stacks`` for target variants
-    whose id starts with one of ``targets``, where ``applies(verdict, example)``."""
-
-    summary: str
-    issue: str
-    check: str
-    stacks: tuple[str, ...]
-    targets: tuple[str, ...]
-    applies: Callable[[Verdict, Example], bool]
-
-    def matches(self, verdict: Verdict, example: Example, variant: str, stack: str) -> bool:
-        return (not verdict.ok and verdict.check == self.check and stack in self.stacks
-                and variant.startswith(self.targets) and self.applies(verdict, example))
+# The conditions an entry's ``when`` may name (a name not here is refused when the file is read).
+CONDITIONS: dict[str, Callable[[Verdict, Example], bool]] = {
+    "aborts": aborts,
+    "names_an_aborted_request": names_an_aborted_request,
+    "override_rounded_down": override_rounded_down,
+    "block_past_the_rounded_cache": block_past_the_rounded_cache,
+}
 
 
-KNOWN: tuple[KnownFailure, ...] = (
-    # quarantine.toml's first entry, met by any workload that aborts a request holding a promise.
-    KnownFailure(
-        summary="sendnn-inference 2.6.3 keeps an aborted request's block promise",
-        issue="docs/upstream/sendnn-inference-abort-keeps-promise.md",
-        check="kv_ledger.promises",
-        stacks=("default",),
-        targets=("spyre-",),
-        applies=names_an_aborted_request,
-    ),
-    # The same leak seen from the queue: where the pool holds no more than the requests' own
-    # blocks, the kept promise leaves a later request waiting for ever (the run stops at the
-    # engine's step limit, so no ledger is judged).
-    KnownFailure(
-        summary="sendnn-inference 2.6.3 keeps an aborted request's block promise (a later"
-                " request waits for ever)",
-        issue="docs/upstream/sendnn-inference-abort-keeps-promise.md",
-        check=ENGINE_ERROR,
-        stacks=("default",),
-        targets=("spyre-",),
-        applies=starved_after_an_abort,
-    ),
-    # A block count the device rounds down for its batch while the scheduler keeps the
-    # override: every geometry whose pool is not a multiple of max_num_seqs meets it at start.
-    KnownFailure(
-        summary="sendnn-inference 2.6.3 allocates an override not a multiple of max_num_seqs"
-                " rounded down, while its scheduler hands out the override's blocks",
-        issue="docs/upstream/sendnn-inference-override-not-a-multiple-of-the-batch.md",
-        check="kv_ledger.device_blocks",
-        stacks=("default",),
-        targets=("spyre-",),
-        applies=override_rounded_down,
-    ),
-    KnownFailure(
-        summary="sendnn-inference 2.6.3 allocates an override not a multiple of max_num_seqs"
-                " rounded down: its runner indexes a block past its KV cache",
-        issue="docs/upstream/sendnn-inference-override-not-a-multiple-of-the-batch.md",
-        check=ENGINE_ERROR,
-        stacks=("default",),
-        targets=("spyre-",),
-        applies=block_past_the_rounded_cache,
-    ),
-)
+def default_file() -> Path:
+    """The quarantine file the explorer reads: the one the suites read by default
+    (``quarantine.toml`` in the folder the command runs in)."""
+    from harness.plugin.options import DEFAULT_QUARANTINE
+
+    return DEFAULT_QUARANTINE
+
+
+def load_known(path: Path | None = None) -> tuple[KnownFailure, ...]:
+    """The entries of explorer verdicts of ``path`` (None: ``default_file()``), checked as the
+    suites check the file (stack names too); ValueError names the file, entry and fix."""
+    from harness.stacks.spec import list_stacks
+
+    path = default_file() if path is None else path
+    return tuple(load_known_verdicts(path, stacks=list_stacks()))
+
+
+@lru_cache(maxsize=4)
+def _known_of(path: Path, stamp: tuple[int, int]) -> tuple[KnownFailure, ...]:
+    return load_known(path)
+
+
+def default_known() -> tuple[KnownFailure, ...]:
+    """``load_known()`` of the default file, read again only when the file changes."""
+    path = default_file()
+    try:
+        stat = path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        stamp = (0, 0)
+    return _known_of(path, stamp)
 
 
 def known_failure(verdict: Verdict, example: Example, variant: str, stack: str,
-                  known: tuple[KnownFailure, ...] = KNOWN) -> KnownFailure | None:
-    """The known failure ``verdict`` is, or None."""
-    return next((k for k in known if k.matches(verdict, example, variant, stack)), None)
+                  known: Sequence[KnownFailure] | None = None) -> KnownFailure | None:
+    """The known failure ``verdict`` is (the first entry of ``known`` that holds for it; None:
+    ``default_known()``), or None."""
+    if verdict.ok:
+        return None
+    entries = default_known() if known is None else known
+    return next((k for k in entries
+                 if k.holds_for_verdict(verdict.check, verdict.why, variant, stack)
+                 and all(CONDITIONS[c](verdict, example) for c in k.when)), None)

@@ -6,7 +6,7 @@ an engine configuration the kind refuses (``ConfigError``) and an engine that re
 search counts them and moves on. An engine that crashes, hangs or fails a call during the run
 is a finding (``engine_error``; the next example gets another engine), and so is every failed
 verdict of the judge (``harness.explore.judge``), unless it is a known failure of the stack
-(``known.py``).
+(an entry of ``quarantine.toml`` that names the verdict; ``known.py``).
 
 Examples of one geometry run on one engine (the session's pool reuses it); the session's
 hygiene replaces an engine an example left dirty before the next one runs. Where the engine
@@ -38,7 +38,7 @@ from harness.core.verdict import KV_LEDGER, Verdict
 from harness.engine.pool import prefix_caching_on
 from harness.explore.example import Example
 from harness.explore.judge import Judge
-from harness.explore.known import ENGINE_ERROR, KNOWN, KnownFailure, known_failure
+from harness.explore.known import ENGINE_ERROR, default_known, known_failure
 from harness.explore.strategies import GeometrySpace, WorkloadBounds
 from harness.geometry.catalog import Geometry, GeometryError
 from harness.geometry.fit import fit_problem
@@ -46,6 +46,9 @@ from harness.scenario.prompts import EngineLimits, Scenario
 from harness.targets import kind, target_for
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from harness.lab.quarantine import KnownFailure
     from harness.scenario.catalog import Model
     from harness.session.facade import HilSession
     from harness.targets.variants import TargetVariant
@@ -105,7 +108,7 @@ class ExampleRunner:
     """Runs examples for one target variant and model in one session."""
 
     def __init__(self, hil: HilSession, model: Model, variant: TargetVariant,
-                 known: tuple[KnownFailure, ...] = KNOWN, own_tests: bool = True,
+                 known: Sequence[KnownFailure] | None = None, own_tests: bool = True,
                  tensor_parallel: tuple[int, ...] = (1,)) -> None:
         self.hil = hil
         # Each example is a test of its own to the session (its engine handed over clean);
@@ -116,7 +119,8 @@ class ExampleRunner:
         self.stack = hil.opts.stack
         self.kind = kind(variant.target)
         self.pool_geometry = self.kind.stack_geometry(self.kind.sized_pool_geometry, self.stack)
-        self.known = known
+        # the stack's known failures: quarantine.toml's entries of explorer verdicts
+        self.known = tuple(default_known() if known is None else known)
         self.tensor_parallel = tensor_parallel
         self.judge = Judge(hil, model, variant, holds_back_for_tkv=(
             self.kind.batch_tkv_limit_env is not None and "pausing" not in variant.capabilities))

@@ -19,6 +19,8 @@ Hypothesis keeps every failing workload in its example database (the harness cac
 ``explore/db``), under a key of the geometry, target, model, stack and faults; ``cells.json``
 beside it lists the geometries that failed, so the next run with the same target, model,
 stack and faults replays them first.
+
+A finding is then replayed on fresh engines before it is reported (``confirm.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
 
-from harness.core.verdict import Verdict
+from harness.explore.confirm import CONFIRM_REPLAYS, Finding, confirm
 from harness.explore.example import FORMAT, Example, RequestShape, geometry_of
 from harness.explore.runner import FAILED, REJECTED, ExampleRunner, Outcome
 from harness.explore.strategies import (
@@ -184,38 +186,11 @@ class Tally:
         else:
             self.passed += 1
         for k in outcome.known:
-            self.known[k.summary] += 1
+            self.known[k.reason] += 1
 
     @property
     def seconds_per_example(self) -> float | None:
         return self.run_seconds / self.examples if self.examples else None
-
-
-@dataclass
-class Finding:
-    """A failed example, shrunk: the check that failed first, the example, its outcome, and
-    how long finding and shrinking took."""
-
-    check: str
-    example: Example
-    outcome: Outcome
-    identity: Identity
-    found_after: float  # seconds from the search's start to the first failing example
-    examples_before: int  # examples run before it (it included)
-    shrink_seconds: float
-    shrink_runs: int
-    original: Example  # the first failing example, before shrinking
-    reproduced: bool = True  # hypothesis saw the shrunk example fail again
-
-    @property
-    def verdict(self) -> Verdict:
-        failure = self.outcome.failure
-        assert failure is not None
-        return failure
-
-    @property
-    def key(self) -> str:
-        return self.example.key
 
 
 @dataclass
@@ -254,7 +229,7 @@ class Explorer:
     def __init__(self, runner: ExampleRunner, explore_dir: Path, identity: Identity, seed: int,
                  budget: float, shrink_budget: float,
                  per_geometry: int = EXAMPLES_PER_GEOMETRY,
-                 geometry_draws: int = GEOMETRY_DRAWS,
+                 geometry_draws: int = GEOMETRY_DRAWS, confirm: int = CONFIRM_REPLAYS,
                  log: Callable[[str], None] = print,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
@@ -265,6 +240,7 @@ class Explorer:
         self.shrink_budget = shrink_budget
         self.per_geometry = per_geometry
         self.geometry_draws = geometry_draws
+        self.confirm = confirm  # replays of a finding on fresh engines before it is reported
         self.log = log
         self.clock = clock
         self.db = DirectoryBasedExampleDatabase(str(explore_dir / DB_FOLDER))
@@ -330,7 +306,7 @@ class Explorer:
                 break
             finding = self._explore(n, geometry, replayed)
             if finding is not None:
-                findings.append(finding)
+                findings.append(confirm(finding, self.runner, self.confirm, self.log, self.clock))
                 stopped = "a finding"
                 break
         stats = self.runner.hil.stats()

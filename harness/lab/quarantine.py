@@ -15,6 +15,13 @@ the same test on another stack must pass); in a run on another stack it is not j
 ``cpu_lacks = ["avx512f"]`` holds only on hosts whose CPU lacks those flags (a failure of the
 kernels a stack picks on such hosts); on other hosts it is not judged either.
 
+An entry may instead (or also) name a verdict of ``hil explore``, which has no test id: its
+``check`` (``kv_ledger.promises``), ``targets`` (target variant id prefixes, ``["spyre-"]``),
+``why`` (a regular expression searched for in the verdict's first line) and ``when`` (named
+conditions of the example, ``harness.explore.known.CONDITIONS``); ``stacks`` and ``cpu_lacks``
+hold for it too. The suites read the entries that name a test (``load_quarantine``), the
+explorer those that name a check (``load_known_verdicts``); both check every entry.
+
 A test listed twice is refused (which reason holds?). An entry that matches no collected test
 (its test was renamed, or it never matched) is a warning, and refused under
 --strict-quarantine; ``judge_quarantine`` says which entries it can judge in a run narrowed by
@@ -49,6 +56,28 @@ class KnownFailure:
     # CPU flags (/proc/cpuinfo) the host must lack for it to hold: a failure of the kernels a
     # stack picks on such hosts only (vLLM's CPU platform loads other kernels per ISA).
     cpu_lacks: tuple[str, ...] = ()
+    # An explorer verdict it holds for (``check``; "" for none): on target variants whose id
+    # starts with one of ``targets`` (all: ()), whose first line ``why`` (a regex) is found in
+    # (any: ""), where each named condition of ``when`` holds (harness.explore.known).
+    check: str = ""
+    targets: tuple[str, ...] = ()
+    why: str = ""
+    when: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """What names the entry in messages: its test, else its check."""
+        return self.test or self.check
+
+    def holds_for_verdict(self, check: str, first_line: str, variant: str, stack: str,
+                          cpu_flags: frozenset[str] | None = None) -> bool:
+        """Whether the entry holds for a failed explorer verdict of ``check`` whose first line
+        is ``first_line``, on target variant ``variant`` and ``stack``: all but its named
+        conditions (``when``), which need the example (harness.explore.known judges them)."""
+        return (bool(self.check) and check == self.check
+                and (not self.targets or variant.startswith(self.targets))
+                and (not self.why or re.search(self.why, first_line) is not None)
+                and self.holds_on(stack, cpu_flags))
 
     def holds_on(self, stack: str, cpu_flags: frozenset[str] | None = None) -> bool:
         """Whether the entry holds in a run on ``stack``, on a host with ``cpu_flags`` (None:
@@ -87,9 +116,22 @@ def host_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
 
 def load_quarantine(path: Path, required: bool = False,
                     stacks: Iterable[str] | None = None) -> list[KnownFailure]:
-    """The entries of a quarantine file; [] when it does not exist and is not ``required``
-    (a path the user named must exist). ``stacks``: the stack names an entry may name (None:
-    any). ValueError names the file, entry and fix."""
+    """The entries of a quarantine file that name a suite test; [] when it does not exist and
+    is not ``required`` (a path the user named must exist). ``stacks``: the stack names an
+    entry may name (None: any). Every entry is checked, those of explorer verdicts only too
+    (``read_entries``). ValueError names the file, entry and fix."""
+    return [k for k in read_entries(path, required, stacks) if k.test]
+
+
+def load_known_verdicts(path: Path, stacks: Iterable[str] | None = None) -> list[KnownFailure]:
+    """The entries of a quarantine file that name an explorer verdict (``check``); [] when it
+    does not exist. Checked as ``load_quarantine`` checks them."""
+    return [k for k in read_entries(path, False, stacks) if k.check]
+
+
+def read_entries(path: Path, required: bool = False,
+                 stacks: Iterable[str] | None = None) -> list[KnownFailure]:
+    """Every entry of a quarantine file, each checked (``load_quarantine``)."""
     if not path.exists():
         if required:
             raise ValueError(f"--quarantine: file not found: {path}; pass an existing TOML file"
@@ -105,18 +147,70 @@ def load_quarantine(path: Path, required: bool = False,
     known: list[KnownFailure] = []
     first: dict[str, int] = {}
     for n, e in enumerate(data.get("known", []), 1):
-        if e["test"] in first:
+        label = e.get("test") or e.get("check")
+        problem = verdict_problem(e)
+        if problem:
+            raise ValueError(f"{path}: known #{n}" + (f" ({label!r})" if label else "")
+                             + f": {problem}")
+        if "test" in e and e["test"] in first:
             raise ValueError(f"{path}: known #{n} ({e['test']!r}): test listed twice (also known"
                              f" #{first[e['test']]}); keep one entry, with the reason that holds")
-        first[e["test"]] = n
+        if "test" in e:
+            first[e["test"]] = n
         named = tuple(e.get("stacks", ()))
         unknown = [s for s in named if names is not None and s not in names]
         if unknown:
-            raise ValueError(f"{path}: known #{n} ({e['test']!r}): stacks names {unknown[0]!r},"
+            raise ValueError(f"{path}: known #{n} ({label!r}): stacks names {unknown[0]!r},"
                              f" which is no stack (stacks/*.toml: {', '.join(names or [])})")
-        known.append(KnownFailure(e["test"], e["reason"], e["issue"], f"{path}: known #{n}",
-                                  named, tuple(e.get("cpu_lacks", ()))))
+        known.append(KnownFailure(e.get("test", ""), e["reason"], e["issue"], f"{path}: known #{n}",
+                                  named, tuple(e.get("cpu_lacks", ())),
+                                  check=e.get("check", ""), targets=tuple(e.get("targets", ())),
+                                  why=e.get("why", ""), when=tuple(e.get("when", ()))))
     return known
+
+
+EXPLORER_KEYS = ("targets", "why", "when")  # what describes an explorer verdict besides its check
+_CHECK_ID = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")
+
+
+def verdict_problem(entry: dict[str, Any]) -> str | None:
+    """What is wrong with an entry's test and explorer verdict (a schema-checked entry): it
+    names neither, its explorer keys come without a check, its check is no check id, its
+    ``why`` no regular expression, a condition of ``when`` or a prefix of ``targets`` names
+    nothing the explorer knows; None when nothing is."""
+    if "test" not in entry and "check" not in entry:
+        return ('names neither a test nor a check; add test = "NODE ID" (the suite test it'
+                ' holds for) or check = "CHECK" (the hil explore verdict it holds for)')
+    loose = [k for k in EXPLORER_KEYS if k in entry]
+    if "check" not in entry:
+        return (f"{', '.join(loose)} describe{'s' if len(loose) == 1 else ''} a hil explore"
+                ' verdict, and the entry names no check; add check = "CHECK" (the failed'
+                " verdict's check, e.g. kv_ledger.promises) or remove them") if loose else None
+    if not _CHECK_ID.fullmatch(entry["check"]):
+        return (f"check {entry['check']!r} is no check id (a name such as kv_ledger.promises"
+                " or engine_error: lower-case words joined by '_' and '.'); fix it")
+    if "why" in entry:
+        try:
+            re.compile(entry["why"])
+        except re.error as e:
+            return (f"why {entry['why']!r} is no regular expression ({e}); fix it (it is"
+                    " searched for in the verdict's first line: escape ( [ . * + ? as \\( ...)")
+    if "when" in entry:  # deferred imports: read for the entries of explorer verdicts only
+        from harness.explore.known import CONDITIONS
+
+        unknown = [c for c in entry["when"] if c not in CONDITIONS]
+        if unknown:
+            return (f"when names {unknown[0]!r}, which is no condition hil explore knows"
+                    f" ({', '.join(CONDITIONS)}); use one of them, or say it of the verdict's"
+                    ' first line with why = "REGEX"')
+    if "targets" in entry:
+        from harness.targets.variants import VARIANTS
+
+        none = [t for t in entry["targets"] if not any(v.startswith(t) for v in VARIANTS)]
+        if none:
+            return (f"targets names {none[0]!r}, which starts no target variant's id"
+                    f" ({', '.join(VARIANTS)}); give the start of one (e.g. 'spyre-')")
+    return None
 
 
 # The entry that quarantined each test of this process's last collection (node id -> entry):

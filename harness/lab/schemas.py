@@ -100,7 +100,8 @@ QUARANTINE_SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "object",
                 "additionalProperties": False,
-                "required": ["test", "reason", "issue"],
+                # test or check (or both): harness.lab.quarantine says which one is missing
+                "required": ["reason", "issue"],
                 "properties": {
                     "test": {"type": "string", "minLength": 1},
                     "reason": {"type": "string", "minLength": 1},
@@ -109,6 +110,15 @@ QUARANTINE_SCHEMA: dict[str, Any] = {
                                "items": {"type": "string", "minLength": 1}},
                     "cpu_lacks": {"type": "array", "minItems": 1, "uniqueItems": True,
                                   "items": {"type": "string", "pattern": r"^[a-z0-9_]+$"}},
+                    # an explorer verdict (hil explore): its check, the target variants (id
+                    # prefixes), a regex of its first line, named conditions of its example;
+                    # their meaning is checked by harness.lab.quarantine
+                    "check": {"type": "string", "minLength": 1},
+                    "targets": {"type": "array", "minItems": 1, "uniqueItems": True,
+                                "items": {"type": "string", "minLength": 1}},
+                    "why": {"type": "string", "minLength": 1},
+                    "when": {"type": "array", "minItems": 1, "uniqueItems": True,
+                             "items": {"type": "string", "minLength": 1}},
                 },
             },
         },

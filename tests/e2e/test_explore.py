@@ -1,7 +1,8 @@
 """hil explore on real engines: with a fault injected (``forget-free``: vLLM's block pool, under
 sendnn-inference 2.x too, drops a block at a free) it finds the fault, shrinks the example to
-one request of one token in the simplest geometry, and writes a regression test that fails as
-written in findings.md; without a fault a short budget finds nothing and exits 0.
+one request of one token in the simplest geometry, confirms it on three fresh engines (the
+same check, the same cause each time), and writes a regression test that fails as written in
+findings.md; without a fault a short budget finds nothing and exits 0.
 
 Each search runs in a cache of its own (the tiny models linked in), so the example database
 starts empty and what is measured is a search from nothing. The search without a fault runs in
@@ -74,6 +75,14 @@ def test_an_injected_fault_is_found_shrunk_and_kept_as_a_failing_regression_test
     # shrunk: one request of one token, max_tokens 1, in the simplest geometry
     assert "| r0 | 1 | - | 1 | 0 | - |" in findings and "| r1 |" not in findings, findings
     assert "Geometry: context 128, batch 1, chunk 128, pool full-batch" in findings
+    # confirmed before it was reported: three replays on fresh engines failed the same way
+    assert ("Confirmed: failed the same way (the same check, the same cause) in 3 of 3 replays"
+            " on fresh engines") in findings, findings
+    assert findings.count("| failed the same way |") == 3, findings
+    assert "Checks that held on this example: " in findings, findings
+    for n in (1, 2, 3):
+        assert f"hil explore: replay {n} of 3 on a fresh engine: failed the same way" in output
+    assert "hil explore: checks that held on its example: " in output, output[-3000:]
     (test,) = folder.glob("test_finding_*.py")
     command = findings.split("```bash\n", 1)[1].split("\n```", 1)[0]
     assert str(test) in command and "--inject-fault forget-free" in command

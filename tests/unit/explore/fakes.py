@@ -63,3 +63,16 @@ class RuleRunner:
         if check is None:
             return Outcome(PASSED, verdicts=[Verdict.passed("kv_ledger")], seconds=0.5)
         return Outcome(FAILED, verdicts=[Verdict.failed(check, f"{check} broke")], seconds=0.5)
+
+
+@dataclass
+class ScriptedRunner:
+    """Runs an example by a script: each run returns the next of ``outcomes`` (a finding's
+    replays, say), and records whether it asked for a fresh engine."""
+
+    outcomes: list[Outcome]
+    fresh: list[bool] = field(default_factory=list)
+
+    def run(self, example: Example, fresh: bool = False) -> Outcome:
+        self.fresh.append(fresh)
+        return self.outcomes[len(self.fresh) - 1]
