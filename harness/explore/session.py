@@ -158,8 +158,10 @@ def fault_rank_problem(spec: str, sizes: tuple[int, ...]) -> str | None:
     rank = parse_fault(spec, allow_external=True)[1].get("rank")
     if rank is None or not rank.isdigit() or int(rank) < max(sizes):
         return None
+    top = max(sizes)
     widths = " or ".join(str(n) for n in sorted(sizes))
+    ranks = "rank 0" if top == 1 else f"ranks 0 to {top - 1}"
     return (f"fault {spec!r}: rank={rank} is no rank of an engine this search runs: its engines"
-            f" have {widths} rank(s) (ranks 0 to {max(sizes) - 1}; --tensor-parallel), so the"
-            f" fault would be installed nowhere; give a rank below {max(sizes)}, or search"
-            f" engines of more ranks (--tensor-parallel {int(rank) + 1})")
+            f" have {widths} rank{'s' if top > 1 else ''} ({ranks}; --tensor-parallel), so the"
+            f" fault would be installed nowhere; give a rank below {top}, or search engines of"
+            f" at least {int(rank) + 1} ranks (--tensor-parallel)")
