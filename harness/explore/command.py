@@ -151,8 +151,9 @@ def _variants(spec: str) -> list:
 @dataclass(frozen=True)
 class Search:
     """A search whose input is checked, before anything is written or started: what it
-    searches (its variants, the ranks per engine some of them run), how (``info``), and its
-    session's settings (``session``)."""
+    searches (its variants, the ranks per engine asked for, some of which one of them runs;
+    each variant's own are said when it is searched), how (``info``), and its session's
+    settings (``session``)."""
 
     info: RunInfo
     variants: list
@@ -184,7 +185,7 @@ def check_search(*, target: str, model: str, stack: str, faults: Sequence[str],
     info = RunInfo(seed=seed, budget=budget, shrink_budget=shrink_budget, model=name,
                    stack=stack, faults=session.opts.faults, cache_dir=session.opts.cache_dir,
                    explore_dir=reports / FOLDER)
-    return Search(info, variants, session, sizes)
+    return Search(info, variants, session, tensor_parallel)
 
 
 def _tensor_parallel(variants: list, sizes: tuple[int, ...], stack: str) -> tuple[int, ...]:

@@ -185,9 +185,16 @@ def test_a_tensor_parallel_size_no_target_runs_is_refused_not_replaced(
 def test_sizes_some_target_runs_are_searched_the_others_said(tmp_path, capsys,
                                                             cores_for_two_ranks,
                                                             clean_environment):
+    from harness.explore.session import tensor_parallel_sizes
+    from harness.targets.variants import VARIANTS
+
     code, output = run(explore_argv(tmp_path, "--tensor-parallel", "2,3"), capsys)
     assert code == 0, output
-    assert clean_environment[0].tensor_parallel == (2,)
+    (search,) = clean_environment
+    assert search.tensor_parallel == (2, 3)  # each variant's sizes: said when it is searched
+    runs, said = tensor_parallel_sizes(VARIANTS["vllm-cpu"], (2, 3), "default")
+    assert runs == (2,) and said == ["TP 3: TP 3 needs 3 CPU cores, one per rank; this process"
+                                     " may use 2"]
 
 
 @pytest.mark.parametrize("sizes, fault, refused", [
