@@ -45,7 +45,7 @@ from typing import Any
 
 from harness.calibration.command import add_calibrate_parser
 from harness.core.paths import REPO_ROOT, SUITES_DIR
-from harness.explore.command import add_explore_parser, nightly_explore
+from harness.explore.command import add_explore_parser, nightly_search, search_after_nightly
 from harness.in_engine.kind_modules import resolve
 from harness.lab.inventory import Inventory, InventoryError, discover_inventory, load_inventory
 from harness.lab.shard_plan import DURATIONS_FILE, DurationsError, load_durations
@@ -271,6 +271,9 @@ def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
     except InventoryError as e:
         print(f"hil nightly: {e}", file=sys.stderr)
         return 2
+    search = nightly_search(args.explore, args, extra) if args.explore else None  # checked first
+    if isinstance(search, int):
+        return search
     selection = nightly_selection(inv.devices)
     print(f"hil nightly: devices from {inv.source}: {', '.join(d.id for d in inv.devices)};"
           f" selection: {selection}", flush=True)
@@ -285,11 +288,8 @@ def cmd_nightly(args: argparse.Namespace, extra: list[str]) -> int:
     if rc == 5:
         print("hil nightly: no test was selected; that is a failure", file=sys.stderr)
         rc = 1
-    # the search after the suites; a finding fails a nightly that passed. Not after a
-    # signal stopped the run (exit 128 + it): a stop stops the whole nightly.
-    if args.explore and rc < 128:
-        explored = nightly_explore(args.explore, args, extra)
-        rc = rc or explored
+    if search is not None and rc < 128:  # not after a signal (128 + it): it stops the nightly
+        rc = search_after_nightly(search, rc)
     return rc
 
 

@@ -16,5 +16,7 @@ finding with a pytest regression test (``findings.py``).
     known.py       the conditions of the known failures quarantine.toml lists for the explorer
     findings.py    findings.md and the regression tests
     replay.py      what a regression test runs
-    command.py     the ``hil explore`` command
+    session.py     its session, checked and built the one way (``harness.session.build``);
+                   the variants and tensor-parallel sizes it runs here
+    command.py     the ``hil explore`` command, its input checked before anything runs
 """

@@ -13,8 +13,11 @@ finding, a regression test beside it. Exit 0: nothing found; 1: a finding, confi
 (the output says which), or the search stopped on an engine or harness error, which the output
 names; 2: bad input (an unknown target, model, stack or fault, a budget not above 0, a
 --confirm not a whole number, a quarantine.toml the suites would refuse too, a target this
-machine cannot run, the reports folder in use), or no example ran at all (every geometry
-refused: findings.md says why).
+machine cannot run, tensor-parallel sizes no target runs, a fault's rank no engine has, an
+inventory missing or wrong, a bad HIL_* variable, the reports folder in use), or no example ran
+at all (every geometry refused: findings.md says why). Every setting of its session is checked
+as pytest checks its own: the session is built the one way every session is
+(harness.session.build).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from harness.core.config import ConfigError
 from harness.core.paths import REPO_ROOT
@@ -38,11 +43,15 @@ from harness.explore.findings import (
 )
 from harness.plugin.options import add_cli_option, cli_type
 
+if TYPE_CHECKING:
+    from harness.explore.session import CheckedSession
+
 SHRINK_BUDGET = 300.0  # seconds of shrinking after the budget, at most (--shrink-budget)
 EXPLORE_TIMEOUT = 300.0  # seconds one example's engine call may take (--engine-timeout)
 DEFAULT_MODEL = "tiny-llama"
 NEEDS = "kv_ledger"  # the capability an explored variant must have: its ledgers every step
 CACHE_FOLDER = "explore"  # CACHE_DIR/explore: the example database and the failed geometries
+PYTEST_REFUSED = 4  # pytest's exit code for arguments it refused (harness.cli.USAGE_ERROR)
 
 
 def default_cache_dir() -> Path:
@@ -115,50 +124,28 @@ def _search_library() -> None:
                        " there (pip install hypothesis)") from None
 
 
-def _faults(specs: Sequence[str]) -> tuple[str, ...]:
-    """The faults to inject, each checked as the plugin checks them; a HIL_FAULTS in the
-    environment is refused (every engine would install it, unnamed)."""
-    import pytest
-
-    from harness.in_engine.faults import check_fault_spec
-    from harness.plugin.engine_setup import check_no_ambient_faults
-    from harness.stacks.host import HOST
-    from harness.stacks.spec import list_stacks
-    from harness.targets import all_variants
-
-    try:
-        check_no_ambient_faults()
-    except pytest.UsageError as e:
-        raise BadInput(str(e)) from None
-    for spec in specs:
-        try:
-            check_fault_spec(spec, list(all_variants()), [*list_stacks(), HOST])
-        except (ValueError, ImportError, AttributeError) as e:
-            raise BadInput(f"--inject-fault: {e}") from None
-    return tuple(specs)
-
-
-def _stack(name: str) -> str:
-    from harness.stacks.host import HOST, is_unpinned
-    from harness.stacks.spec import StackError, load_stack, stack_python
-
-    if name == HOST:
-        return name
-    try:
-        load_stack(name)
-    except StackError as e:
-        raise BadInput(f"--stack: {e}") from None
-    if not is_unpinned(name) and stack_python(name) is None:
-        raise BadInput(f"--stack {name}: not installed, or its pins changed since it was"
-                       f" installed: run ./setup.sh --stack {name}")
-    return name
-
-
 def _model(value: str) -> str:
+    """The one model searched: a tiny model's name, or a local model folder checked as
+    pytest checks one (its config, tokenizer and weights)."""
+    from fixtures.models import MODEL_SPECS
+    from harness.scenario.model_folder import ModelFolderError, check_model_folder
+
     names = [m.strip() for m in value.split(",") if m.strip()]
+    if not names:
+        raise BadInput(f"--model {value!r} names no model; give one of: {', '.join(MODEL_SPECS)},"
+                       " or a local model folder")
     if len(names) != 1:
         raise BadInput(f"--model {value!r}: give one model; the search explores one at a time")
-    return names[0]
+    name = names[0]
+    if name not in MODEL_SPECS:
+        if not Path(name).is_dir():
+            raise BadInput(f"--model: model folder not found: {name}; pass a local model folder"
+                           f" (containing config.json) or one of: {', '.join(MODEL_SPECS)}")
+        try:
+            check_model_folder(Path(name))
+        except ModelFolderError as e:
+            raise BadInput(f"--model: {e}") from None
+    return name
 
 
 def _variants(spec: str) -> list:
@@ -177,31 +164,111 @@ def _variants(spec: str) -> list:
     return explorable
 
 
+@dataclass(frozen=True)
+class Search:
+    """A search whose input is checked, before anything is written or started: what it
+    searches (its variants, the ranks per engine asked for, some of which one of them runs;
+    each variant's own are said when it is searched), how (``info``), and its session's
+    settings (``session``)."""
+
+    info: RunInfo
+    variants: list
+    session: CheckedSession
+    tensor_parallel: tuple[int, ...] = (1,)
+    known: tuple = ()  # quarantine.toml's entries of explorer verdicts (KnownFailure)
+
+
+def check_search(*, target: str, model: str, stack: str, faults: Sequence[str],
+                 inventory: str, reports_dir: Path, cache_dir: Path, budget: float,
+                 seed: int = 0, shrink_budget: float = SHRINK_BUDGET,
+                 call_timeout: float = EXPLORE_TIMEOUT,
+                 tensor_parallel: tuple[int, ...] = (1,),
+                 confirm: int = CONFIRM_REPLAYS) -> Search:
+    """``hil explore``'s input (and ``hil nightly --explore``'s) checked: the search library,
+    the target, the model, then the session's settings as pytest checks its own (stack,
+    faults, inventory, every HIL_* variable: harness.session.build), the ranks per engine
+    and a fault's ``rank=`` against them. BadInput or BadSetting name the first bad one."""
+    from harness.explore.session import SessionSettings, check_session
+
+    _search_library()
+    known = _known()
+    variants = _variants(target)
+    name = _model(model)
+    # absolute: the engines and their fork server write their logs from folders of their own
+    reports = reports_dir.absolute()
+    session = check_session(SessionSettings(
+        cache_dir=cache_dir.absolute(), reports_dir=reports / FOLDER, stack=stack,
+        faults=tuple(faults), inventory=inventory, call_timeout=call_timeout))
+    sizes = _tensor_parallel(variants, tensor_parallel, stack)
+    _fault_ranks(session.opts.faults, sizes)
+    info = RunInfo(seed=seed, budget=budget, shrink_budget=shrink_budget, model=name,
+                   stack=stack, faults=session.opts.faults, cache_dir=session.opts.cache_dir,
+                   explore_dir=reports / FOLDER, confirm=confirm)
+    return Search(info, variants, session, tensor_parallel, known)
+
+
+def _known() -> tuple:
+    """The stack's known failures: quarantine.toml's entries of explorer verdicts, read as the
+    suites read the file (BadInput naming the file, the entry and the fix)."""
+    from harness.explore.known import load_known
+
+    try:
+        return load_known()
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+
+
+def _tensor_parallel(variants: list, sizes: tuple[int, ...], stack: str) -> tuple[int, ...]:
+    """The sizes of ``sizes`` that some of ``variants`` runs here; BadInput naming why when
+    none does (a search of other sizes than those asked for would be no answer)."""
+    from harness.explore.session import tensor_parallel_sizes
+
+    runs: set[int] = set()
+    why: list[str] = []
+    for v in variants:
+        ok, no = tensor_parallel_sizes(v, sizes, stack)
+        runs.update(ok)
+        why += [f"{v.id}: {line}" for line in no]
+    if not runs:
+        raise BadInput(f"--tensor-parallel {','.join(map(str, sizes))}: no target variant"
+                       " searched runs an engine of that many ranks here ("
+                       + "; ".join(why[:4]) + ("; ..." if len(why) > 4 else "")
+                       + "); give sizes the target runs (e.g. 1, or 1,2)")
+    return tuple(n for n in sizes if n in runs)
+
+
+def _fault_ranks(faults: Sequence[str], sizes: tuple[int, ...]) -> None:
+    """Refuse a fault whose ``rank=`` no engine of the search has (installed nowhere)."""
+    from harness.explore.session import fault_rank_problem
+
+    for spec in faults:
+        problem = fault_rank_problem(spec, sizes)
+        if problem:
+            raise BadInput(f"--inject-fault: {problem}")
+
+
 def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
     """Run ``hil explore``; its exit code."""
+    from harness.session.build import BadSetting
     from harness.staging.interrupt import StopSignals, signal_name
     from harness.staging.run_folder import ReportsBusy, os_problem, reports_lock
 
     try:
-        _search_library()
-        variants = _variants(args.target or "")
-        model = _model(args.model)
-        stack = _stack(args.stack)
-        faults = _faults(args.inject_fault or [])
-    except BadInput as e:
+        search = check_search(
+            target=args.target or "", model=args.model, stack=args.stack,
+            faults=args.inject_fault or [], inventory=getattr(args, "inventory", "") or "",
+            reports_dir=Path(args.reports_dir), cache_dir=Path(args.cache_dir),
+            budget=args.budget, seed=args.seed, shrink_budget=args.shrink_budget,
+            call_timeout=args.engine_timeout, tensor_parallel=args.tensor_parallel,
+            confirm=args.confirm)
+    except (BadInput, BadSetting) as e:
         print(f"hil explore: {e}", file=sys.stderr)
         return 2
-    # absolute: the engines and their fork server write their logs from folders of their own
-    reports = Path(args.reports_dir).absolute()
-    info = RunInfo(seed=args.seed, budget=args.budget, shrink_budget=args.shrink_budget,
-                   model=model, stack=stack, faults=faults,
-                   cache_dir=Path(args.cache_dir).absolute(),
-                   explore_dir=reports / FOLDER, confirm=args.confirm)
+    reports = search.info.explore_dir.parent
     stop = StopSignals()  # SIGTERM and SIGHUP end the search as Ctrl-C does: engines closed
     try:
         with stop, reports_lock(reports, " ".join(["hil", *sys.argv[1:]])):
-            return explore(info, variants, getattr(args, "inventory", "") or "",
-                           args.engine_timeout, args.tensor_parallel)
+            return explore(search)
     except KeyboardInterrupt:
         print(f"hil explore: stopped by {signal_name(stop.signal or 2)}: no findings written",
               file=sys.stderr)
@@ -214,53 +281,58 @@ def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
         return 2
 
 
-def explore(info: RunInfo, variants: list, inventory: str = "",
-            call_timeout: float = EXPLORE_TIMEOUT,
-            tensor_parallel: tuple[int, ...] = (1,)) -> int:
-    """Search ``variants`` in turn with ``info``'s budget shared among them; write the
+def explore(search: Search) -> int:
+    """Search ``search``'s variants in turn with its budget shared among them; write the
     findings; 0 nothing found, 1 a finding, 2 nothing could run."""
     # deferred: the engines' session and hypothesis, paid only where the search runs
-    from harness.explore.known import default_file, load_known
+    from harness.explore.known import default_file
     from harness.explore.runner import ExampleRunner
     from harness.explore.search import Explorer, Identity
-    from harness.explore.session import SessionSettings, open_session, usable_variant
+    from harness.explore.session import (
+        open_search_session,
+        tensor_parallel_sizes,
+        usable_variant,
+    )
 
-    try:  # the stack's known failures: quarantine.toml's entries of explorer verdicts
-        known = load_known()
-    except ValueError as e:
-        print(f"hil explore: {e}", file=sys.stderr)
-        return 2
+    known = search.known
+    info = search.info
     cache_dir = info.cache_dir or default_cache_dir()
-    hil = open_session(SessionSettings(
-        cache_dir=cache_dir, reports_dir=info.explore_dir,
-        stack=info.stack, faults=info.faults, inventory=inventory, call_timeout=call_timeout))
+    hil = open_search_session(search.session)
     try:
         try:
             model = hil.model(info.model)
         except (ValueError, ConfigError) as e:
             print(f"hil explore: --model: {e}", file=sys.stderr)
             return 2
-        usable = []
-        for v in variants:
+        usable: list[tuple[Any, tuple[int, ...]]] = []
+        refused: list[str] = []
+        for v in search.variants:
             ready, why = usable_variant(hil, v, model)
-            if ready is None:
+            sizes: tuple[int, ...] = ()
+            if ready is not None:
+                sizes, no = tensor_parallel_sizes(ready, search.tensor_parallel, info.stack)
+                for line in no:  # said once; the sizes it runs are searched
+                    print(f"hil explore: {v.id}: {line}: not searched", flush=True)
+                why = why or "; ".join(no)
+            if ready is None or not sizes:
+                refused.append(f"{v.id}: {why}")
                 print(f"hil explore: not searched: {v.id}: {why}", flush=True)
             else:
-                usable.append(ready)
+                usable.append((ready, sizes))
         if not usable:
-            print("hil explore: no target variant named can run here (see above)",
-                  file=sys.stderr)
+            print("hil explore: no target variant named can run here: "
+                  + "; ".join(refused)[:1500], file=sys.stderr)
             return 2
         share = info.budget / len(usable)
-        print(f"hil explore: {', '.join(v.id for v in usable)} with {model.label} on stack"
+        print(f"hil explore: {', '.join(v.id for v, _ in usable)} with {model.label} on stack"
               f" {info.stack}, {share:g} s each, seed {info.seed}"
               + (f", faults injected: {', '.join(info.faults)}" if info.faults else "")
               + f"; {len(known)} known failure(s) of {default_file()}", flush=True)
         results = []
-        for v in usable:
+        for v, sizes in usable:
             identity = Identity(v.id, model.label, info.stack, info.faults)
             explorer = Explorer(ExampleRunner(hil, model, v, known=known,
-                                              tensor_parallel=tensor_parallel),
+                                              tensor_parallel=sizes),
                                 cache_dir / CACHE_FOLDER,
                                 identity, info.seed, share, info.shrink_budget,
                                 confirm=info.confirm, log=lambda line: print(line, flush=True))
@@ -305,43 +377,63 @@ def report(info: RunInfo, results: list, tests: list[Path]) -> int:
     return 0
 
 
-def nightly_explore(budget: float, args: argparse.Namespace, extra: list[str]) -> int:
-    """``hil nightly --explore SECONDS``: the search after the nightly, on the first of its
-    stacks, its --target and first --model (from its pytest arguments, else the
-    defaults), its inventory, into its reports folder."""
-    target = _value_of("--target", extra)
-    model = _value_of("--model", extra) or DEFAULT_MODEL
+def nightly_search(budget: float, args: argparse.Namespace, extra: list[str]) -> Search | int:
+    """``hil nightly --explore SECONDS``: the search after the nightly, checked before the
+    nightly's suites run: on the first of its stacks, its --target, first --model and
+    --inject-fault faults (from its pytest arguments, else their HIL_* variables, else the
+    defaults), its inventory, into its reports folder; 2 (said why) when its input is bad."""
+    from harness.session.build import BadSetting
+
+    target = _value_of("--target", extra) or os.environ.get("HIL_TARGET", "").strip()
+    models = (_value_of("--model", extra) or os.environ.get("HIL_MODEL", "").strip()
+              or DEFAULT_MODEL)
     stacks = [s.strip() for s in str(getattr(args, "stacks", "") or "default").split(",")
               if s.strip()]
     try:
-        _search_library()
-        variants = _variants(target or "")
-        stack = _stack(stacks[0] if stacks else "default")
-        name = [m for m in model.split(",") if m.strip()][0].strip()
-    except BadInput as e:
+        # A seed of the day: each night searches other geometries, a night's search replays.
+        return check_search(
+            target=target, model=next((m.strip() for m in models.split(",") if m.strip()),
+                                      models),
+            stack=stacks[0] if stacks else "default",
+            faults=_values_of("--inject-fault", extra),
+            inventory=getattr(args, "inventory", "") or "", reports_dir=Path(args.reports_dir),
+            cache_dir=default_cache_dir(), budget=budget, seed=int(time.strftime("%Y%m%d")))
+    except (BadInput, BadSetting) as e:
         print(f"hil nightly --explore: {e}", file=sys.stderr)
         return 2
-    reports = Path(args.reports_dir).absolute()
-    # A seed of the day: each night searches other geometries, a night's search replays.
-    info = RunInfo(seed=int(time.strftime("%Y%m%d")), budget=budget,
-                   shrink_budget=SHRINK_BUDGET, model=name, stack=stack,
-                   cache_dir=default_cache_dir(), explore_dir=reports / FOLDER)
+
+
+def search_after_nightly(search: Search, nightly_code: int) -> int:
+    """Run a checked nightly search after the nightly's suites ended with ``nightly_code``
+    (not after pytest refused the arguments: they are the search's too); the nightly's exit
+    code: a finding fails a nightly that passed."""
     from harness.staging.run_folder import ReportsBusy, reports_lock
 
+    if nightly_code == PYTEST_REFUSED:
+        print("hil nightly: pytest refused the arguments: the search (--explore) was not run",
+              file=sys.stderr)
+        return nightly_code
     try:
-        with reports_lock(reports, "hil nightly --explore"):
-            return explore(info, variants, getattr(args, "inventory", "") or "")
+        with reports_lock(search.info.explore_dir.parent, "hil nightly --explore"):
+            explored = explore(search)
     except ReportsBusy as e:
         print(f"hil nightly --explore: {e}", file=sys.stderr)
-        return 2
+        explored = 2
+    return nightly_code or explored
+
+
+def _values_of(option: str, args: Sequence[str]) -> list[str]:
+    """Every value ``args`` give ``option`` (a repeatable one), in order."""
+    values = []
+    for i, a in enumerate(args):
+        if a == option and i + 1 < len(args):
+            values.append(args[i + 1])
+        elif a.startswith(option + "="):
+            values.append(a.split("=", 1)[1])
+    return values
 
 
 def _value_of(option: str, args: Sequence[str]) -> str:
     """The value ``args`` give ``option`` (the last one), or ""."""
-    value = ""
-    for i, a in enumerate(args):
-        if a == option and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(option + "="):
-            value = a.split("=", 1)[1]
-    return value
+    values = _values_of(option, args)
+    return values[-1] if values else ""

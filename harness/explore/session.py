@@ -1,20 +1,29 @@
-"""The harness session ``hil explore`` runs its engines in: a ``HilSession`` built as the pytest
-plugin builds one (``harness/plugin/fixtures.py``), outside pytest, and the target variants it
-can run here, each checked as the ``target_variant`` fixture checks one (stack, availability,
-model, a leased device where the inventory has one), with the reason where it cannot."""
+"""The harness session ``hil explore`` runs its engines in, built the one way every session is
+(harness.session.build, as pytest's ``hil`` fixture builds one): its settings checked before
+anything is written or started (``check_session``), then opened (``open_search_session``);
+and the target variants it can run here, each checked as the ``target_variant`` fixture
+checks one (stack, availability, model, a leased device where the inventory has one), with
+the reason where it cannot, and the tensor-parallel sizes each runs."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from harness.core.devices import device_root
 from harness.engine.host import CALL_TIMEOUT
-from harness.lab.inventory import Inventory, discover_inventory, load_inventory
-from harness.lab.lease_files import LeaseDirError, default_lease_dir
-from harness.lab.leases import LeaseManager, LeaseUnavailable
+from harness.lab.inventory import Inventory
+from harness.lab.lease_files import LeaseDirError
+from harness.lab.leases import LeaseUnavailable
 from harness.scenario.catalog import Model
+from harness.session.build import (
+    check_faults,
+    check_stack,
+    open_session,
+    session_inventory,
+    session_options,
+)
 from harness.session.facade import HilSession, SessionOptions
 from harness.targets import kind
 from harness.targets.variants import TargetVariant
@@ -26,6 +35,9 @@ WORKER = "explore"  # the lease holder's name
 
 @dataclass(frozen=True)
 class SessionSettings:
+    """What the search's own arguments give its session; every other option of a session
+    comes from its ``HIL_*`` variable or its default, as in a pytest run."""
+
     cache_dir: Path
     reports_dir: Path  # the session's engine logs and statistics (REPORTS_DIR/explore)
     stack: str
@@ -34,25 +46,53 @@ class SessionSettings:
     call_timeout: float = CALL_TIMEOUT
 
 
-def open_session(settings: SessionSettings) -> HilSession:
-    """A session with engine reuse on, triage off (a finding is shrunk, not triaged), the
-    faults given, the inventory's devices leasable."""
-    settings.cache_dir.mkdir(parents=True, exist_ok=True)
-    # Engines inherit these; keep vLLM's and inductor's caches inside the project cache.
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(settings.cache_dir / "vllm"))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.cache_dir / "inductor"))
-    opts = SessionOptions(cache_dir=settings.cache_dir, reports_dir=settings.reports_dir,
-                          max_live_engines=LIVE_ENGINES, call_timeout=settings.call_timeout,
-                          faults=settings.faults, stack=settings.stack, triage=False,
-                          teacher_forcing=False)
-    leases = LeaseManager(_inventory(settings.inventory), lease_dir=default_lease_dir(),
-                          run_dir=settings.reports_dir / "devices", worker=WORKER)
-    return HilSession(opts, leases=leases)
+@dataclass(frozen=True)
+class CheckedSession:
+    """A search's session, every setting checked, nothing written or started yet."""
+
+    opts: SessionOptions
+    inventory: Inventory
+    value: Callable[[str], Any]  # each declared option's typed value (lease folder...)
 
 
-def _inventory(path: str) -> Inventory:
-    root = device_root()
-    return load_inventory(Path(path), root) if path else discover_inventory(root)
+def check_session(settings: SessionSettings) -> CheckedSession:
+    """The search's session settings, checked as pytest checks its own: the stack, the faults
+    (none inherited from HIL_FAULTS), every HIL_* variable (of an option or none), the
+    inventory (HIL_INVENTORY too). BadSetting names the first bad one; nothing is written."""
+    import pytest
+
+    from harness.plugin.engine_setup import check_no_ambient_faults
+    from harness.plugin.faults_declared import device_fault_specs
+    from harness.plugin.options import command_values
+    from harness.session.build import BadSetting
+
+    # A busy device is not searched (the search goes on elsewhere): no wait for a lease.
+    value = command_values({
+        "--hil-cache-dir": str(settings.cache_dir), "--hil-reports-dir": str(settings.reports_dir),
+        "--stack": settings.stack, "--inject-fault": list(settings.faults),
+        "--inventory": settings.inventory, "--engine-timeout": settings.call_timeout,
+        "--lease-wait": 0.0})
+    opts = session_options(value, max_live_engines=LIVE_ENGINES, triage=False,
+                           teacher_forcing=False)
+    check_stack(settings.stack)
+    try:
+        check_no_ambient_faults()
+    except pytest.UsageError as e:  # the plugin's refusal: the same message
+        raise BadSetting(str(e)) from None
+    allow_external = bool(value("--allow-external-faults"))
+    check_faults(settings.faults, allow_external)
+    inventory = session_inventory(settings.inventory, allow_external)
+    # The inventory's device faults, named with the search's own (as a pytest run names them).
+    device_faults = tuple(f"{spec} (device {d.id})" for d in inventory.devices
+                          for spec in device_fault_specs(d))
+    opts = replace(opts, device_faults=device_faults)
+    return CheckedSession(opts, inventory, value)
+
+
+def open_search_session(checked: CheckedSession) -> HilSession:
+    """The checked session, opened: engine reuse on, triage off (a finding is shrunk, not
+    triaged), the faults given, the inventory's devices leasable."""
+    return open_session(checked.opts, checked.inventory, checked.value, WORKER)
 
 
 def usable_variant(hil: HilSession, variant: TargetVariant, model: Model
@@ -86,3 +126,42 @@ def usable_variant(hil: HilSession, variant: TargetVariant, model: Model
         return None, broken
     env = {**target.device_env(lease.device, hil.opts.cache_dir), **lease.env()}
     return variant.on_device(lease.device.id, env), ""
+
+
+def tensor_parallel_sizes(variant: TargetVariant, sizes: tuple[int, ...], stack: str
+                          ) -> tuple[tuple[int, ...], list[str]]:
+    """The sizes of ``sizes`` (``--tensor-parallel``) an engine of ``variant`` runs here, and
+    for each other one why not (``TP N: why``). A variant bound to a leased device runs one
+    rank: the search leases one device per engine."""
+    runs: list[int] = []
+    why: list[str] = []
+    for n in sizes:
+        problem = None if n == 1 else kind(variant.target).tensor_parallel_problem(
+            variant, n, stack)
+        if problem is None and n > 1 and variant.device:
+            problem = (f"the search holds the one device {variant.device} it leased; a group of"
+                       " devices per engine is leased by the suites (--geometry with a"
+                       " tensor_parallel_size)")
+        if problem:
+            why.append(f"TP {n}: {problem}")
+        else:
+            runs.append(n)
+    return tuple(runs), why
+
+
+def fault_rank_problem(spec: str, sizes: tuple[int, ...]) -> str | None:
+    """Why the fault ``spec`` would be installed in no engine of a search whose engines have
+    ``sizes`` ranks (its ``rank=N`` is no rank of any of them), or None. ``spec`` is known
+    to parse (``check_faults`` first)."""
+    from harness.in_engine.faults import parse_fault
+
+    rank = parse_fault(spec, allow_external=True)[1].get("rank")
+    if rank is None or not rank.isdigit() or int(rank) < max(sizes):
+        return None
+    top = max(sizes)
+    widths = " or ".join(str(n) for n in sorted(sizes))
+    ranks = "rank 0" if top == 1 else f"ranks 0 to {top - 1}"
+    return (f"fault {spec!r}: rank={rank} is no rank of an engine this search runs: its engines"
+            f" have {widths} rank{'s' if top > 1 else ''} ({ranks}; --tensor-parallel), so the"
+            f" fault would be installed nowhere; give a rank below {top}, or search engines of"
+            f" at least {int(rank) + 1} ranks (--tensor-parallel)")

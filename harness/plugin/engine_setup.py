@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.core.devices import device_root
 from harness.in_engine.faults import ALLOW_EXTERNAL_ENV, check_fault_spec, env_fault_specs
-from harness.lab.inventory import load_inventory
 from harness.plugin.faults_declared import note_run_start, remember_device_faults
 from harness.plugin.options import option_value
-from harness.stacks.host import HOST, is_unpinned
-from harness.stacks.spec import StackError, list_stacks, load_stack, stack_python
+from harness.session import build
+from harness.stacks.host import HOST
+from harness.stacks.spec import list_stacks
 from harness.targets import all_variants
 
 FAULTS_ENV = "HIL_FAULTS"
@@ -83,16 +82,10 @@ def export_engine_env(config: pytest.Config) -> None:
 def check_stack(config: pytest.Config) -> None:
     """A named stack must exist and, when it has a venv of its own, be installed as pinned: a
     run on a missing stack would skip every test and pass for the wrong reason."""
-    name = option_value(config, "--stack")
-    if name == HOST:
-        return
     try:
-        load_stack(name)
-    except StackError as e:
-        raise pytest.UsageError(f"--stack: {e}") from None
-    if not is_unpinned(name) and stack_python(name) is None:
-        raise pytest.UsageError(f"--stack {name}: not installed, or its pins changed since it was"
-                                f" installed: run ./setup.sh --stack {name}")
+        build.check_stack(option_value(config, "--stack"))
+    except build.BadSetting as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def check_inventory(config: pytest.Config) -> None:
@@ -101,8 +94,8 @@ def check_inventory(config: pytest.Config) -> None:
     if not inv:
         return
     try:
-        inventory = load_inventory(Path(inv), device_root(), allow_external_faults=bool(
-            option_value(config, "--allow-external-faults")))
-    except ValueError as e:  # InventoryError among them
+        inventory = build.session_inventory(inv, bool(option_value(config,
+                                                                   "--allow-external-faults")))
+    except build.BadSetting as e:
         raise pytest.UsageError(str(e)) from None
     remember_device_faults(config, inventory)

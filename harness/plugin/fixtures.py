@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.core.comparison import NearTiePolicy
-from harness.core.devices import device_root
 from harness.engine.order import planned_configs, save_configs, save_record
 from harness.engine.prestart import start_ahead
 from harness.geometry.catalog import Geometry
-from harness.lab.inventory import discover_inventory, load_inventory
 from harness.lab.lease_files import LeaseDirError
-from harness.lab.leases import LeaseManager, LeaseUnavailable
+from harness.lab.leases import LeaseUnavailable
 from harness.plugin.faults_declared import device_faults
 from harness.plugin.options import option_value
 from harness.plugin.ordering import file_warnings
-from harness.session.facade import HilSession, Model, SessionOptions
-from harness.targets import kind, near_tie_tolerances
+from harness.session.build import open_session, session_inventory, session_options
+from harness.session.facade import HilSession, Model
+from harness.targets import kind
 from harness.targets.variants import TargetVariant
 
 
@@ -36,50 +33,12 @@ def hil(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> Iterator
     def opt(name: str) -> Any:
         return option_value(pytestconfig, name)
 
-    # Absolute: engines and their fork server run from folders of their own (a relative
-    # --hil-reports-dir left every engine without its log folder: none started).
-    cache_dir = Path(opt("--hil-cache-dir")).absolute()
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    # Engines inherit these; keep vLLM's and inductor's caches inside the project cache.
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
-    opts = SessionOptions(
-        cache_dir=cache_dir,
-        reports_dir=Path(opt("--hil-reports-dir")).absolute(),
-        near_tie=NearTiePolicy(top_k=opt("--near-tie-topk"), prob_tol=opt("--near-tie-tol")),
-        near_tie_tols={t.backend: opt(f"--near-tie-tol-{t.backend}") for t in near_tie_tolerances()},
-        engine_reuse=not opt("--no-engine-reuse"),
-        reference_cache=not opt("--no-reference-cache"),
-        max_live_engines=opt("--max-live-engines"),
-        call_timeout=opt("--engine-timeout"),
-        start_timeout=opt("--engine-start-timeout"),
-        faults=tuple(opt("--inject-fault")),
-        device_faults=tuple(device_faults(pytestconfig)),
-        kv_probe=not opt("--no-kv-probe"),
-        stack=opt("--stack"),
-        plan_only=opt("--hil-plan"),
-        engine_replace=not opt("--no-engine-replace"),
-        logprob_tol=opt("--logprob-tol"),
-        logprob_tol_card=opt("--logprob-tol-card"),
-        teacher_forcing=not opt("--no-teacher-forcing"),
-        triage=not opt("--no-triage"),
-        triage_max=opt("--triage-max"),
-        triage_budget=opt("--triage-budget"),
-    )
-    inv_path = opt("--inventory")
-    root = device_root()
-    inventory = (load_inventory(Path(inv_path), root,
-                                allow_external_faults=opt("--allow-external-faults"))
-                 if inv_path else discover_inventory(root))
-    leases = LeaseManager(
-        inventory,
-        lease_dir=Path(opt("--lease-dir")),
-        run_dir=opts.reports_dir / "devices",
-        worker=_worker_id(pytestconfig),
-        wait_seconds=opt("--lease-wait"),
-        share=opt("--lease-share"),
-    )
-    session = HilSession(opts, leases=leases)
+    # The one way every session is built (harness.session.build): the settings were checked
+    # at pytest_configure by the same functions, so nothing is refused here.
+    opts = session_options(opt, device_faults=tuple(device_faults(pytestconfig)))
+    inventory = session_inventory(opt("--inventory"), opt("--allow-external-faults"))
+    session = open_session(opts, inventory, opt, _worker_id(pytestconfig))
+    cache_dir = opts.cache_dir
     if not opts.plan_only:  # the fork parents of the engines earlier runs saw these tests start
         start_ahead(planned_configs(cache_dir, [it.nodeid for it in request.session.items],
                                     opts.stack))

@@ -40,7 +40,6 @@ from harness.core.settings import (
     BY_VARIABLE,
     SettingError,
     ValueType,
-    env_problems,
     parse,
     value_type,
 )
@@ -336,9 +335,12 @@ def check_settings(config: pytest.Config) -> None:
         value = config.getoption(opt.name, None)
         if isinstance(value, EnvProblem):
             raise pytest.UsageError(f"env {value}")
-    others = tuple(n for n, v in BY_VARIABLE.items() if v.option is None)
-    for problem in env_problems(names=others):
-        raise pytest.UsageError(f"env {problem}; fix or unset it")
+    from harness.session.build import BadSetting, check_environment  # the session's own check
+
+    try:
+        check_environment()
+    except BadSetting as e:
+        raise pytest.UsageError(str(e)) from None
     for opt in OPTIONS:
         value = config.getoption(opt.name, None)
         if opt.value_type.disk_check is None or not isinstance(value, str) or not value:
@@ -422,3 +424,18 @@ def cli_env_problem(args: argparse.Namespace) -> str | None:
     did not give), as a message; None when there is none."""
     problems = [v for v in vars(args).values() if isinstance(v, EnvProblem)]
     return f"env {problems[0]}" if problems else None
+
+
+def command_values(given: dict[str, Any]) -> Callable[[str], Any]:
+    """The typed value of each declared option for a ``hil`` command that builds a session
+    (harness.session.build): ``given``'s (its own arguments, by pytest name), else the option's
+    variable's, else its declared default. Every option's variable is checked here, as
+    pytest's ``check_settings`` checks them: a bad one raises ``BadSetting`` with its message."""
+    from harness.session.build import BadSetting
+
+    values = {o.name: given[o.name] if o.name in given else env_default(o, on_disk=True)
+              for o in OPTIONS}
+    for found in values.values():
+        if isinstance(found, EnvProblem):
+            raise BadSetting(f"env {found}")
+    return values.__getitem__

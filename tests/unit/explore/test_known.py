@@ -136,8 +136,8 @@ def test_an_entry_combines_its_why_and_its_conditions(tmp_path: Path):
 
 def test_hil_explore_refuses_a_bad_quarantine_file_before_any_engine_starts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    from harness.explore import command, session
-    from harness.explore.findings import RunInfo
+    from harness import cli
+    from harness.explore import session
 
     bad = tmp_path / "quarantine.toml"
     bad.write_text('[[known]]\ncheck = "engine_error"\nwhen = ["aborted"]\nreason = "r"\n'
@@ -145,10 +145,10 @@ def test_hil_explore_refuses_a_bad_quarantine_file_before_any_engine_starts(
     monkeypatch.setattr(known_module, "default_file", lambda: bad)
     monkeypatch.setattr(session, "open_session",
                         lambda *a, **k: pytest.fail("an engine session was opened"))
-    info = RunInfo(seed=0, budget=5, shrink_budget=1, model="tiny-llama", stack="default",
-                   explore_dir=tmp_path / "reports" / "explore")
-    assert command.explore(info, []) == 2
+    reports = tmp_path / "reports"
+    assert cli.main(["explore", "--reports-dir", str(reports), "--budget", "5",
+                     "--target", "vllm-cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"hil explore: {bad}: known #1 ('engine_error'): when names 'aborted',"
                           " which is no condition hil explore knows"), err
-    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "reports").exists()
+    assert len(err.strip().splitlines()) == 1 and not reports.exists()
