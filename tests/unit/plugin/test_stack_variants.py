@@ -35,6 +35,10 @@ class Config:
         self.stash = pytest.Stash()
         self.deselected: list[object] = []
         self.hook = SimpleNamespace(pytest_deselected=lambda items: self.deselected.extend(items))
+        self.option = SimpleNamespace(keyword="", markexpr="")
+        self.said: list[str] = []
+        reporter = SimpleNamespace(write_line=self.said.append)
+        self.pluginmanager = SimpleNamespace(get_plugin=lambda name: reporter)
         if worker:
             self.workerinput = {"workerid": "gw0"}
 
