@@ -111,6 +111,32 @@ def test_an_empty_selection_the_stack_left_alone_is_pytests_own():
     refuse_empty_stack(SimpleNamespace(shouldfail=False), Config("default"), [])  # no raise
 
 
+@pytest.mark.parametrize("keyword, markexpr, refused", [
+    ("zzz_nothing", "", False),  # nothing anyway: pytest's exit 5, said as such
+    ("spyre-eager-sb", "", True),  # only the variant the stack left out: the stack's doing
+    ("test_a and not vllm", "", True),
+    ("tiny-llama and spyre-eager-sb", "", True),  # a parameter id beside the variant's
+    ("", "token_equality", True),
+    ("", "capacity", False),
+    ("", "token_equality and not token_equality", False),
+])
+def test_the_stack_is_named_only_where_the_selection_would_have_run_what_it_left_out(
+        keyword, markexpr, refused):
+    config = Config("default")
+    meta = metafunc(config, "suites/test_x.py::test_a", "token_equality")
+    meta._calls = [SimpleNamespace(id="tiny-llama")]
+    offered(meta, variants("vllm-cpu", "spyre-eager-sb"))
+    config.option = SimpleNamespace(keyword=keyword, markexpr=markexpr)
+    if refused:
+        with pytest.raises(pytest.UsageError, match="--stack default: no test of this selection"):
+            refuse_empty_stack(SimpleNamespace(shouldfail=False), config, [])
+        assert config.said == []
+    else:
+        refuse_empty_stack(SimpleNamespace(shouldfail=False), config, [])
+        assert config.said == ["vllm-hil: no test was selected (pytest exit 5): -m, -k, --target"
+                               " and the node ids leave no test"]
+
+
 def test_the_refusal_groups_what_the_stack_lacks_by_reason():
     text = empty_stack_refusal("canary", ["spyre-eager-cb", "spyre-eager-cp", "neuron"])
     assert ("it does not have spyre-eager-cb, spyre-eager-cp (no Spyre plugin supports vLLM 0.32"
