@@ -154,14 +154,18 @@ def refuse_empty_stack(session: pytest.Session, config: pytest.Config,
 
 def usage_exit_of_empty_stack(session: pytest.Session) -> None:
     """On an xdist controller whose workers refused an empty collection: pytest's usage error
-    (4) with the workers' reason, as without xdist, not the interruption (2) xdist ends it with."""
+    (4) with the workers' reason, as without xdist, not the interruption (2) xdist ends it with;
+    whose workers selected nothing (exit 5): said as without xdist."""
     dsession = session.config.pluginmanager.getplugin("dsession")
     reason = str(getattr(dsession, "shouldstop", "") or "")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reason.startswith(REFUSAL) and session.exitstatus == pytest.ExitCode.INTERRUPTED:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"ERROR: {reason}", red=True)
+    elif (dsession is not None and reporter is not None
+          and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED):
+        reporter.write_line(f"vllm-hil: {NOTHING_SELECTED}")
 
 
 def lacks_lines(config: pytest.Config) -> list[str]:

@@ -181,3 +181,12 @@ def test_the_module_is_what_selection_calls():
     from harness.plugin import selection
 
     assert selection.stack_variants is stack_variants
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_a_selection_of_nothing_exits_5_saying_so(tmp_path, workers):
+    # It said "--stack default: no test of this selection runs on stack default" (exit 4).
+    run = _collect(tmp_path, "-k", "zzz_nothing", *workers)
+    out = run.stdout + run.stderr
+    assert run.returncode == 5, out[-2000:]
+    assert "vllm-hil: no test was selected (pytest exit 5)" in out and "--stack" not in out
