@@ -238,13 +238,15 @@ def _tensor_parallel(variants: list, sizes: tuple[int, ...], stack: str) -> tupl
 
 
 def _fault_ranks(faults: Sequence[str], sizes: tuple[int, ...]) -> None:
-    """Refuse a fault whose ``rank=`` no engine of the search has (installed nowhere)."""
-    from harness.explore.session import fault_rank_problem
+    """Refuse a fault whose ``rank=`` no engine of the search has (installed nowhere), as
+    pytest refuses one (check_fault_rank)."""
+    from harness.in_engine.faults import check_fault_rank
 
     for spec in faults:
-        problem = fault_rank_problem(spec, sizes)
-        if problem:
-            raise BadInput(f"--inject-fault: {problem}")
+        try:
+            check_fault_rank(spec, sizes)
+        except ValueError as e:
+            raise BadInput(f"--inject-fault: {e} (--tensor-parallel)") from None
 
 
 def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:

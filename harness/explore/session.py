@@ -147,21 +147,3 @@ def tensor_parallel_sizes(variant: TargetVariant, sizes: tuple[int, ...], stack:
         else:
             runs.append(n)
     return tuple(runs), why
-
-
-def fault_rank_problem(spec: str, sizes: tuple[int, ...]) -> str | None:
-    """Why the fault ``spec`` would be installed in no engine of a search whose engines have
-    ``sizes`` ranks (its ``rank=N`` is no rank of any of them), or None. ``spec`` is known
-    to parse (``check_faults`` first)."""
-    from harness.in_engine.faults import parse_fault
-
-    rank = parse_fault(spec, allow_external=True)[1].get("rank")
-    if rank is None or not rank.isdigit() or int(rank) < max(sizes):
-        return None
-    top = max(sizes)
-    widths = " or ".join(str(n) for n in sorted(sizes))
-    ranks = "rank 0" if top == 1 else f"ranks 0 to {top - 1}"
-    return (f"fault {spec!r}: rank={rank} is no rank of an engine this search runs: its engines"
-            f" have {widths} rank{'s' if top > 1 else ''} ({ranks}; --tensor-parallel), so the"
-            f" fault would be installed nowhere; give a rank below {top}, or search engines of"
-            f" at least {int(rank) + 1} ranks (--tensor-parallel)")

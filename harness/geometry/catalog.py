@@ -156,12 +156,43 @@ def parse_geometry(name: str, table: Mapping[str, Any], source: str,
     if values["chunk_size"] > values["max_model_len"]:
         raise GeometryError(f"{where}: chunk_size = {values['chunk_size']} is longer than"
                             f" max_model_len = {values['max_model_len']}")
-    models = table.get("models", ())
-    if lab and "models" in table and (not isinstance(models, list) or not models
-                                      or not all(isinstance(m, str) and m for m in models)):
+    models = check_lab_models(name, table, source) if lab else ()
+    return Geometry(name=name, source=source, models=models, **values)
+
+
+def model_problem(model: str) -> str | None:
+    """Why ``model`` is no model a run can name (``--model``: a tiny model's name, or a local
+    folder holding its config.json), or None."""
+    from fixtures.models import MODEL_SPECS  # deferred: the geometries are read without it
+
+    if model in MODEL_SPECS:
+        return None
+    folder = Path(model).expanduser()
+    known = f"a tiny model ({', '.join(MODEL_SPECS)}) or a model folder on this host"
+    if not folder.is_dir():
+        return f"is neither a tiny model nor a folder on this host; name {known}"
+    if not (folder / "config.json").is_file():
+        return f"is a folder without config.json; name {known}, holding its config.json"
+    return None
+
+
+def check_lab_models(name: str, table: Mapping[str, Any], source: str) -> tuple[str, ...]:
+    """The models a lab geometry's table names (``models``; () for every model), each one a
+    run can name: a geometry for a model no run has would skip every test, a green run that
+    ran nothing. Raises GeometryError naming the geometry and the model."""
+    where = f"{source}: geometry {name!r}"
+    if not isinstance(table, Mapping) or "models" not in table:
+        return ()
+    models = table["models"]
+    if not isinstance(models, list) or not models or not all(
+            isinstance(m, str) and m for m in models):
         raise GeometryError(f"{where}: models = {models!r} must be a list of model names or"
                             " folders (leave it out for every model)")
-    return Geometry(name=name, source=source, models=tuple(models), **values)
+    for m in models:
+        if problem := model_problem(m):
+            raise GeometryError(f"{where}: models: {m!r} {problem} (a geometry for a model no"
+                                " run can name would skip every test of it)")
+    return tuple(models)
 
 
 def load_geometries(path: Path = GEOMETRIES_FILE) -> dict[str, Geometry]:
@@ -213,6 +244,7 @@ def add_lab_geometries(known: Mapping[str, Geometry], tables: Mapping[str, Any],
         if name in known:
             raise GeometryError(f"{source}: geometry {name!r} is a name the harness ships"
                                 f" (fixtures/geometries.toml); give the lab's its own name")
+        check_lab_models(name, table, source)  # before its registry entry is looked up
         if isinstance(table, Mapping) and "from_registry" in table:
             table = _from_registry(name, table, source, resolve)
         out[name] = parse_geometry(name, table, source, lab=True)

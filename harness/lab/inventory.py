@@ -38,6 +38,7 @@ from harness import targets
 from harness.core.config import ConfigError
 from harness.core.devices import InventoryDevice
 from harness.core.strict_files import FileFormatError, read_toml, read_yaml
+from harness.geometry.catalog import GeometryError, check_lab_models
 from harness.in_engine.faults import check_fault_specs
 from harness.lab.schemas import SchemaError, check, inventory_schema
 from harness.targets.device_kind import DeviceKind
@@ -81,15 +82,30 @@ def _present(kind: str, address: str | None, root: Path) -> tuple[bool, str]:
     return path.exists(), f"looked for {path}"
 
 
-def _parse(path: Path) -> tuple[dict[str, Any], str]:
-    """The inventory's document, read strictly (harness/core/strict_files.py: a key twice, a
-    byte-order mark, JSON for TOML are refused naming the line), and its syntax."""
+def read_inventory_document(path: Path) -> Any:
+    """The inventory file's document, read strictly (harness/core/strict_files.py: a key
+    twice, a byte-order mark, JSON for TOML are refused naming the line). Every reader of an
+    inventory (its devices, its geometries) reads it here, so each says the file's own error
+    first, never what it lacks because it could not be read."""
+    if not path.is_file():
+        raise InventoryError(f"inventory file not found: {path}; pass --inventory an existing"
+                             " TOML or YAML file")
     try:
         if path.suffix in (".yaml", ".yml"):
-            return (read_yaml(path, "inventory file") or {}), "yaml"
-        return read_toml(path, "inventory file"), "toml"
+            return read_yaml(path, "inventory file") or {}
+        return read_toml(path, "inventory file")
     except FileFormatError as e:
         raise InventoryError(str(e)) from None
+
+
+def _check_geometry_models(tables: Any, path: Path) -> None:
+    """The models of the inventory's own geometries ([geometry.NAME] ``models``), each one a
+    run can name (the rest of a geometry is read with --geometry)."""
+    for name, table in (tables.items() if isinstance(tables, dict) else ()):
+        try:
+            check_lab_models(name, table, str(path))
+        except GeometryError as e:
+            raise InventoryError(str(e)) from None
 
 
 # Variables the harness sets for every engine, whatever its kind (the kinds declare their own):
@@ -219,18 +235,17 @@ def _groups(entries: Any, devices: list[InventoryDevice], path: Path) -> list[In
 def load_inventory(path: Path, root: Path = Path("/"), allow_external_faults: bool = False) -> Inventory:
     """Read and validate an inventory file; absent devices are kept, marked absent. Beyond its
     shape, what it means: one entry per id and per address, addresses in their kind's format,
-    no variable the harness sets itself, core ranges its kind accepts."""
-    if not path.is_file():
-        raise InventoryError(f"inventory file not found: {path}; pass --inventory an existing"
-                             " TOML or YAML file")
-    data, _ = _parse(path)
+    no variable the harness sets itself, core ranges its kind accepts, its geometries' models
+    ones a run can name."""
+    data = read_inventory_document(path)
     entries = data.get("device") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         raise InventoryError(f"{path}: no devices: expected a list under 'device' ([[device]] in TOML)")
     try:
-        check(data, inventory_schema(), str(path), item_names={"device": "id"})
+        check(data, inventory_schema(), str(path), item_names={"device": "id", "group": "id"})
     except SchemaError as e:
         raise InventoryError(str(e)) from None
+    _check_geometry_models(data.get("geometry"), path)
     devices: list[InventoryDevice] = []
     seen: dict[str, int] = {}
     addresses: dict[tuple[str, str], tuple[int, str, str]] = {}

@@ -133,7 +133,6 @@ _HINTS = {
                " '.' or '-')",
     "enum": "use one of the values listed",
     "type": "change it to that type",
-    "minItems": "add at least one entry",
     "minLength": "give it a value",
     "uniqueItems": "list each value once",
 }
@@ -196,6 +195,10 @@ def _describe(err: ValidationError, data: Any, item_names: dict[str, str]) -> st
             hint = f'quote it ({last} = "...")'
         else:
             hint = "write a value of that type"
+    elif err.validator == "minItems":  # the schema's own minimum (a group holds 2 or more)
+        least = err.validator_value
+        what = f"{name}{value!r} lists {len(value)}, at least {least} needed"
+        hint = f"list {least} or more"
     elif err.validator == "pattern":
         what = f"{name}{value!r} is not allowed"
         if err.validator_value == ENV_NAME_PATTERN:

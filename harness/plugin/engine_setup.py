@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.in_engine.faults import ALLOW_EXTERNAL_ENV, check_fault_spec, env_fault_specs
+from harness.in_engine.faults import (
+    ALLOW_EXTERNAL_ENV,
+    check_fault_rank,
+    check_fault_spec,
+    env_fault_specs,
+)
+from harness.plugin import geometries
 from harness.plugin.faults_declared import note_run_start, remember_device_faults
 from harness.plugin.options import option_value
 from harness.session import build
@@ -34,9 +40,12 @@ def check_faults(config: pytest.Config) -> None:
         os.environ.pop(ALLOW_EXTERNAL_ENV, None)
     variants = list(all_variants())
     stacks = [*list_stacks(), HOST]
+    # The ranks per engine of this run: its geometries' (check_geometries has read them).
+    sizes = [g.tensor_parallel_size for g in geometries.selected(config)]
     for spec in option_value(config, "--inject-fault"):
         try:
             check_fault_spec(spec, variants, stacks, allow_external=allow_external)
+            check_fault_rank(spec, sizes)
         except (ValueError, ImportError, AttributeError) as e:
             raise pytest.UsageError(f"--inject-fault: {e}") from None
 

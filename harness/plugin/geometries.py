@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from fixtures.models import MODEL_SPECS
-from harness.core.strict_files import FileFormatError, read_toml, read_yaml
 from harness.geometry.catalog import (
     DEFAULT_GEOMETRY,
     Geometry,
@@ -26,6 +25,7 @@ from harness.geometry.catalog import (
     select_geometries,
 )
 from harness.geometry.fit import fit_problem
+from harness.lab.inventory import InventoryError, read_inventory_document
 from harness.plugin.options import option_value
 from harness.targets import registry_geometry
 
@@ -50,14 +50,10 @@ def known_geometries(config: pytest.Config) -> dict[str, Geometry]:
     inventory = option_value(config, "--inventory")
     if not inventory:
         return known
+    # A file that cannot be read is refused here as the inventory check would (its TOML or
+    # YAML error, its line), never as "unknown geometry" for the geometry it could not give.
     path = Path(str(inventory))
-    if not path.is_file():
-        return known  # the inventory check refuses it, naming it
-    try:
-        data = (read_yaml(path, "inventory file") if path.suffix in (".yaml", ".yml")
-                else read_toml(path, "inventory file"))
-    except FileFormatError:
-        return known  # the inventory check refuses it, naming the line
+    data = read_inventory_document(path)
     tables = data.get("geometry") if isinstance(data, dict) else None
     if not isinstance(tables, dict):
         return known
@@ -70,6 +66,8 @@ def check_geometries(config: pytest.Config, models: list[str]) -> None:
     try:
         selected = select_geometries(str(option_value(config, "--geometry") or ""),
                                      known_geometries(config))
+    except InventoryError as e:  # as the inventory check says it: the file, the line
+        raise pytest.UsageError(str(e)) from None
     except GeometryError as e:
         raise pytest.UsageError(f"--geometry: {e}") from None
     for g in selected:

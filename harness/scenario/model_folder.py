@@ -35,6 +35,12 @@ def _check_config(path: Path) -> None:
                                " config.json")
 
 
+def check_config_file(path: Path) -> None:
+    """Raise ModelFolderError naming ``path`` unless it is a checkpoint's config.json: UTF-8
+    JSON, an object with a ``model_type`` string."""
+    _check_config(path)
+
+
 def _check_safetensors(path: Path) -> None:
     size = path.stat().st_size
     hint = "the file is damaged or was cut short; copy or download it again"

@@ -62,3 +62,28 @@ def test_a_configurator_forgetting_the_block_override_fails_the_row(tmp_path):
     assert rows[(4, 32768, 32)]["problem"] == ("the entry declares num_gpu_blocks_override 8192,"
                                                " the configurator applied None")
     assert "NOT AS DECLARED" in proc.stdout and "1 not as declared" in proc.stdout
+
+
+def test_a_size_no_registry_shape_has_is_refused_and_the_earlier_table_kept(tmp_path):
+    """--tp 3 (the registry's sizes are 1, 2 and 4) and a folder whose config.json is not JSON
+    are refused before any row is built: exit 2, one message, an earlier table unchanged."""
+    pytest.importorskip("sendnn_inference")
+    table = tmp_path / "reports" / "registry" / "registry.md"
+    table.parent.mkdir(parents=True)
+    table.write_bytes(b"| an earlier table |\n")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": ')
+    for args, message in (
+            (["--model", GRANITE, "--tp", "3"], "hil registry: --tp 3: the plugin's registry has"
+             " no decoder shape of tensor-parallel size 3; its sizes: 1, 2, 4;"),
+            (["--model", str(folder), "--tp", "1", "--max-model-len", "512", "--max-num-seqs",
+              "4"], f"hil registry: --model: {folder}/config.json: not valid JSON")):
+        proc = subprocess.run([sys.executable, "-m", "harness.cli", "registry", *args,
+                               "--reports-dir", str(tmp_path / "reports")], cwd=ROOT,
+                              env={**os.environ, "VLLM_PLUGINS": ""}, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert table.read_bytes() == b"| an earlier table |\n"
+        assert not (table.parent / "registry.json").exists()

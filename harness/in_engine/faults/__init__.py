@@ -45,8 +45,8 @@ from harness.in_engine.kind_modules import KindModules, import_modules
 
 __all__ = [
     "ALLOW_EXTERNAL_ENV", "FAULTS", "FAULT_STATE_ENV", "FaultFn", "apply_faults", "arm", "armed",
-    "GENERIC_KEYS", "check_fault_spec", "check_fault_specs", "engine_stack", "engine_variant",
-    "env_fault_specs", "load_fault_modules", "parse_fault",
+    "GENERIC_KEYS", "check_fault_rank", "check_fault_spec", "check_fault_specs", "engine_stack",
+    "engine_variant", "env_fault_specs", "load_fault_modules", "parse_fault",
 ]
 
 ALLOW_EXTERNAL_ENV = "HIL_ALLOW_EXTERNAL_FAULTS"
@@ -108,6 +108,7 @@ def check_fault_specs(value: str, allow_external: bool = False) -> None:
             continue
         _, kwargs = parse_fault(spec, allow_external=False)  # an unknown name raises here
         _check_keys(spec, FAULTS[name], kwargs)
+        _rank(spec, kwargs)
 
 
 def check_fault_spec(spec: str, variants: Collection[str], stacks: Collection[str],
@@ -123,14 +124,41 @@ def check_fault_spec(spec: str, variants: Collection[str], stacks: Collection[st
     if variant is not None and variant not in variants:
         raise ValueError(f"fault {spec!r}: variant={variant!r} is no target variant, so the"
                          f" fault would be installed nowhere; known: {', '.join(variants)}")
-    rank = kwargs.get("rank")
-    if rank is not None and not rank.isdigit():
-        raise ValueError(f"fault {spec!r}: rank={rank!r} is no rank; give a tensor-parallel"
-                         " rank, 0 for the first")
+    _rank(spec, kwargs)
     stack = kwargs.get("stack")
     if stack is not None and stack not in stacks:
         raise ValueError(f"fault {spec!r}: stack={stack!r} is no stack, so the fault would be"
                          f" installed nowhere; known: {', '.join(stacks)}")
+
+
+def _rank(spec: str, kwargs: dict[str, str]) -> int | None:
+    """The rank ``rank=`` names (None without one); ValueError for one that is no rank."""
+    rank = kwargs.get("rank")
+    if rank is None:
+        return None
+    if not (rank.isascii() and rank.isdigit()):  # int() reads '٣' and refuses '²'
+        raise ValueError(f"fault {spec!r}: rank={rank!r} is no rank; give a tensor-parallel"
+                         " rank, 0 for the first")
+    return int(rank)
+
+
+def check_fault_rank(spec: str, tensor_parallel_sizes: Collection[int]) -> None:
+    """Raise ValueError unless ``spec``'s ``rank=`` (if it has one) is a rank of an engine of
+    one of ``tensor_parallel_sizes`` (the ranks per engine a run starts): a rank no engine has
+    installs the fault nowhere, and the run passes having proved nothing."""
+    kwargs = dict(part.strip().partition("=")[::2] for part in spec.partition(":")[2].split(",")
+                  if "=" in part)
+    rank = _rank(spec, {k.strip(): v.strip() for k, v in kwargs.items()})
+    sizes = sorted(set(tensor_parallel_sizes)) or [1]
+    if rank is None or rank < sizes[-1]:
+        return
+    most = sizes[-1]
+    ranks = "rank 0 only" if most == 1 else f"ranks 0 to {most - 1}"
+    fix = "rank=0" if most == 1 else f"a rank from 0 to {most - 1}"
+    raise ValueError(f"fault {spec!r}: rank={rank} is no rank of this run's engines, which run"
+                     f" {' or '.join(map(str, sizes))} rank{'s' if most > 1 else ''} each"
+                     f" ({ranks}), so the fault would be installed nowhere; give {fix}, or run"
+                     " engines of more ranks")
 
 
 def _check_keys(spec: str, fn: FaultFn, kwargs: dict[str, str]) -> None:

@@ -27,11 +27,13 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness.scenario.model_folder import ModelFolderError, check_config_file
 
 PLUGIN = "sendnn_inference"
 TKV_LIMIT_ENV = "VLLM_DT_MAX_BATCH_TKV_LIMIT"
@@ -165,29 +167,72 @@ def _last_line(e: BaseException) -> str:
     return lines[-1] if lines else repr(e)
 
 
+def _sizes(configs: Any) -> list[int]:
+    return sorted({cb.tp_size for cb in configs})
+
+
+def shapes_problem(known: Mapping[str, Any], models: list[str], tp: int | None = None,
+                   max_model_len: int | None = None,
+                   max_num_seqs: int | None = None) -> str | None:
+    """Why the registry (``known``: the plugin's entries by name) has no shape to table for
+    these arguments, or None: a ``--tp`` none of its decoder shapes has (the sizes are the
+    registry's own), a registered model without a shape at that size, a name neither
+    registered nor a folder, a folder whose config.json is missing or not a checkpoint's,
+    or without the shape it is served in. Judged before any row is built or file written."""
+    sizes = _sizes(cb for m in known.values() for cb in m.continuous_batching_configs)
+    if tp is not None and tp not in sizes:
+        return (f"--tp {tp}: the plugin's registry has no decoder shape of tensor-parallel size"
+                f" {tp}; its sizes: {', '.join(map(str, sizes))}; give one of them, or leave"
+                " --tp out for all")
+    for name in models:
+        if not name.strip():
+            return (f"--model {name!r} names no model; name a registered model or a model"
+                    " folder, or leave --model out for every registered decoder")
+        folder = Path(name)
+        if folder.is_dir():
+            config = folder / "config.json"
+            if not config.is_file():
+                return (f"--model {name}: the folder has no config.json, which the registry"
+                        " matches a model by; copy the checkpoint's config.json into it")
+            try:
+                check_config_file(config)
+            except ModelFolderError as e:
+                return f"--model: {e}"
+            if None in (tp, max_model_len, max_num_seqs):
+                return (f"{name} is a model folder: give --tp, --max-model-len and"
+                        " --max-num-seqs, the shape it is served in")
+            continue
+        if name not in known:
+            return (f"{name!r} is not in the plugin's registry, nor a model folder; registered:"
+                    f" {', '.join(known)}")
+        own = _sizes(known[name].continuous_batching_configs)
+        if not own:
+            return (f"{name!r} has no decoder shape in the plugin's registry (no"
+                    " continuous-batching configuration) to table; name a decoder")
+        if tp is not None and tp not in own:
+            return (f"--tp {tp}: {name!r} has no registered shape of tensor-parallel size {tp};"
+                    f" its sizes: {', '.join(map(str, own))}; give one of them, or leave --tp"
+                    " out for all")
+    return None
+
+
 def registry_rows(models: list[str] | None = None, tp: int | None = None,
                   max_model_len: int | None = None,
                   max_num_seqs: int | None = None) -> list[RegistryRow]:
     """Every registered decoder shape of ``models`` (registry names; all when None), each run
     through the plugin's configuration step; a model folder among ``models`` is matched in
     the shape the three numbers give."""
-    from sendnn_inference.config.model_registry import get_model_registry  # deferred: heavy
-
-    registry = get_model_registry()
+    registry = plugin_registry()
     known = registry._models  # the plugin's own entries, by name
+    if problem := shapes_problem(known, models or [], tp, max_model_len, max_num_seqs):
+        raise ValueError(problem)
     rows: list[RegistryRow] = []
     for name in models or [n for n, m in known.items() if m.continuous_batching_configs]:
         if Path(name).is_dir():
-            if None in (tp, max_model_len, max_num_seqs):
-                raise ValueError(f"{name} is a model folder: give --tp, --max-model-len and"
-                                 " --max-num-seqs, the shape it is served in")
             rows.append(configure_row(registry, RegistryRow(name, int(tp), int(max_model_len),
                                                             int(max_num_seqs)),
                                       Path(name), None))
             continue
-        if name not in known:
-            raise ValueError(f"{name!r} is not in the plugin's registry; registered:"
-                             f" {', '.join(known)}")
         model = known[name]
         with tempfile.TemporaryDirectory(prefix="hil-registry-") as folder:
             try:
@@ -217,29 +262,44 @@ def format_rows(rows: list[RegistryRow]) -> str:
     return "\n".join(lines)
 
 
-def registry_command(args: argparse.Namespace, extra: list[str]) -> int:
-    """``hil registry``: the table on stdout and in REPORTS_DIR/registry/; exit 1 where a
-    row's settings are not the entry's, 2 for a bad argument or no plugin."""
+def plugin_registry() -> Any:
+    """The plugin's model registry (its entries in ``_models``, by name)."""
+    from sendnn_inference.config.model_registry import get_model_registry  # deferred: heavy
+
+    return get_model_registry()
+
+
+def plugin_problem() -> str | None:
+    """Why the plugin's registry cannot be asked alone in this process, or None."""
     import importlib.util
 
     if importlib.util.find_spec(PLUGIN) is None:
-        print(f"hil registry: {PLUGIN} is not installed in this environment; run ./setup.sh",
-              file=sys.stderr)
-        return 2
+        return f"{PLUGIN} is not installed in this environment; run ./setup.sh"
     # vLLM's CPU platform makes the engine configuration; the plugin is asked by name.
     os.environ["VLLM_PLUGINS"] = ""
     from vllm.platforms import current_platform  # deferred: a heavy import
 
     if type(current_platform).__module__.startswith(PLUGIN):
-        print(f"hil registry: vLLM runs the {PLUGIN} platform in this process (something"
-              " imported it before the command ran), which applies the registry itself while"
-              " vLLM makes the configuration; run with VLLM_PLUGINS=\"\" so that vLLM's CPU"
-              " platform makes it and the plugin's registry is asked alone", file=sys.stderr)
+        return (f"vLLM runs the {PLUGIN} platform in this process (something imported it"
+                " before the command ran), which applies the registry itself while vLLM makes"
+                " the configuration; run with VLLM_PLUGINS=\"\" so that vLLM's CPU platform"
+                " makes it and the plugin's registry is asked alone")
+    return None
+
+
+def registry_command(args: argparse.Namespace, extra: list[str]) -> int:
+    """``hil registry``: the table on stdout and in REPORTS_DIR/registry/; exit 1 where a
+    row's settings are not the entry's, 2 for a bad argument or no plugin (nothing written)."""
+    if problem := plugin_problem():
+        print(f"hil registry: {problem}", file=sys.stderr)
         return 2
     try:
         rows = registry_rows(args.model or None, args.tp, args.max_model_len, args.max_num_seqs)
-    except ValueError as e:
-        print(f"hil registry: {e}", file=sys.stderr)
+    except ValueError as e:  # refused before any row was built: nothing written
+        print(f"hil registry: {e}; nothing was written", file=sys.stderr)
+        return 2
+    if not rows:  # shapes_problem leaves none; an empty table would pass for a checked one
+        print("hil registry: no registered shape to table; nothing was written", file=sys.stderr)
         return 2
     table = format_rows(rows)
     print(table)
@@ -262,10 +322,15 @@ def add_registry_parser(sub: Any, root: Path) -> None:
     p.add_argument("--model", action="append", default=[], metavar="NAME_OR_FOLDER",
                    help="a registered model name, or a model folder with its config.json"
                    " (repeatable; default every registered decoder)")
-    p.add_argument("--tp", type=int, default=None, help="only this tensor-parallel size (a"
-                   " folder's: the one it is served at)")
-    p.add_argument("--max-model-len", type=int, default=None, help="a folder's context")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="a folder's batch")
+    from harness.plugin.options import cli_type  # deferred: the kind registry imports this
+
+    p.add_argument("--tp", type=cli_type("count", "--tp"), default=None, help="only this"
+                   " tensor-parallel size, one of the registry's (a folder's: the one it is"
+                   " served at)")
+    p.add_argument("--max-model-len", type=cli_type("count", "--max-model-len"), default=None,
+                   help="a folder's context")
+    p.add_argument("--max-num-seqs", type=cli_type("count", "--max-num-seqs"), default=None,
+                   help="a folder's batch")
     p.add_argument("--reports-dir", default=str(root / "reports"))
     p.set_defaults(func=registry_command)
 

@@ -215,7 +215,7 @@ def test_a_fault_rank_no_engine_of_the_search_has_is_refused(tmp_path, capsys,
         assert code == 0 and clean_environment, output
         return
     assert_refused(code, output, f"hil explore: --inject-fault: fault {fault!r}: rank=",
-                   "is no rank of an engine this search runs", "installed nowhere")
+                   "is no rank of this run's engines", "installed nowhere")
     assert not clean_environment
 
 

@@ -144,4 +144,7 @@ def test_a_registry_entry_the_resolver_refuses_names_the_file_the_geometry_and_t
 def test_a_shipped_geometry_may_not_take_its_shape_from_a_registry():
     with pytest.raises(GeometryError, match="unknown key\\(s\\) 'from_registry'"):
         parse_geometry("card", {**BASE, "from_registry": GRANITE}, "fixtures/geometries.toml")
-    assert parse_geometry("lab", {**BASE, "models": ["m"]}, "lab.toml", lab=True).models == ("m",)
+    assert parse_geometry("lab", {**BASE, "models": ["tiny-llama"]}, "lab.toml",
+                          lab=True).models == ("tiny-llama",)
+    with pytest.raises(GeometryError, match="models: 'm' is neither a tiny model nor a folder"):
+        parse_geometry("lab", {**BASE, "models": ["m"]}, "lab.toml", lab=True)

@@ -67,7 +67,9 @@ def test_a_declared_group_is_read_with_its_members_in_rank_order(tmp_path):
 
 @pytest.mark.parametrize("devices, group, message", [
     (eager(2), '["card0", "card9"]', "device 'card9' is not listed under [[device]]"),
-    (eager(2), '["card0"]', "is too short"),  # the schema: at least 2
+    # The schema's minimum, said as it is (it said "add at least one entry" to a list of one).
+    (eager(2), '["card0"]', "group #1 ('g'): devices ['card0'] lists 1, at least 2 needed;"
+     " list 2 or more"),
     (eager(2).replace('"eager"', '"sendnn"', 1), '["card0", "card1"]',
      "its devices are of different kinds or backends (card0: spyre sendnn, card1: spyre eager)"),
     (dev(0, 'env = { A = "1" }') + dev(1, 'env = { A = "2" }'),

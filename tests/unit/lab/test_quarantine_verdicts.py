@@ -78,7 +78,7 @@ def test_an_entry_of_an_explorer_verdict_holds_by_its_check_targets_why_and_stac
     ('check = "KV ledger"\n', r"known #1 \('KV ledger'\): check 'KV ledger' is no check id"),
     ('check = "x"\ntargets = ["spyr-"]\n', r"known #1 \('x'\): targets names 'spyr-', which"
                                            r" starts no target variant's id \(vllm-cpu, "),
-    ('check = "x"\ntargets = []\n', r"known #1: targets \[\]: .*add at least one entry"),
+    ('check = "x"\ntargets = []\n', r"known #1: targets \[\] lists 0, at least 1 needed; list 1 or more"),
     ('check = "x"\nstacks = ["nope"]\n', r"known #1 \('x'\): stacks names 'nope', which is no"
                                          r" stack"),
 ])

@@ -16,6 +16,9 @@ from tests.bad_input import INV, assert_nothing_lost, earlier_run, model_folder,
 ROOT = REPO_ROOT
 SUITE = "suites/test_token_equality.py"
 USAGE = 4  # pytest: arguments refused
+NO_TESTS = 5  # pytest: no test was selected
+LAB1 = ('[geometry.lab1]\ndescription = "a lab shape"\nmax_model_len = 512\nmax_num_seqs = 4\n'
+        'chunk_size = 128\n')
 
 
 @dataclass
@@ -29,6 +32,7 @@ class Row:
     files: dict[str, str | bytes] = field(default_factory=dict)
     model: dict = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    absent: list[str] = field(default_factory=list)  # what the output must not say
 
 
 ROWS = [
@@ -152,6 +156,46 @@ ROWS = [
         {"x.toml": 'name = "x"\n'}),
     Row("collect-only-writes-nothing", ["--collect-only", "--model", "tiny-llama",
                                         "--target", "vllm-cpu"], 0, ["collected"]),
+    # A lab geometry for a model no run can name would skip every test of it: a green run.
+    Row("inventory-geometry-unknown-model", ["--inventory", "{inv.toml}", "--geometry", "lab1"],
+        USAGE, ["inv.toml: geometry 'lab1': models: 'nope-model' is neither a tiny model nor a"
+                " folder on this host; name a tiny model (tiny-llama, tiny-granite) or a model"
+                " folder on this host"],
+        {"inv.toml": INV + LAB1 + 'models = ["nope-model"]\n'}),
+    Row("inventory-geometry-unknown-model-unselected", ["--inventory", "{inv.toml}"], USAGE,
+        ["inv.toml: geometry 'lab1': models: 'nope-model' is neither a tiny model"],
+        {"inv.toml": INV + LAB1 + 'models = ["nope-model"]\n'}),
+    Row("inventory-geometry-model-folder-without-config", ["--inventory", "{inv.toml}"], USAGE,
+        ["geometry 'lab1': models: '", "' is a folder without config.json"],
+        {"inv.toml": INV + LAB1 + 'models = ["/"]\n'}),
+    # The inventory's own error, not "unknown geometry" for the geometry it could not give.
+    Row("inventory-key-twice-with-geometry", ["--inventory", "{inv.toml}", "--geometry", "lab1"],
+        USAGE, ["inv.toml: invalid TOML: line 5, column 15: key 'kind' is defined twice"],
+        {"inv.toml": INV + 'kind = "spyre"\n' + LAB1}, absent=["unknown geometry"]),
+    Row("env-inventory-key-twice-with-geometry", ["--geometry", "lab1"], USAGE,
+        ["inv.toml: invalid TOML: line 5, column 15: key 'kind' is defined twice"],
+        {"inv.toml": INV + 'kind = "spyre"\n' + LAB1}, env={"HIL_INVENTORY": "{inv.toml}"},
+        absent=["unknown geometry"]),
+    Row("inventory-missing-with-geometry", ["--inventory", "{nope.toml}", "--geometry", "lab1"],
+        USAGE, ["inventory file not found:", "nope.toml"], absent=["unknown geometry"]),
+    Row("inventory-group-of-one", ["--inventory", "{inv.toml}"], USAGE,
+        ["inv.toml: group #1 ('g'): devices ['card0'] lists 1, at least 2 needed; list 2 or"
+         " more"], {"inv.toml": INV + '[[group]]\nid = "g"\ndevices = ["card0"]\n'},
+        absent=["at least one entry"]),
+    # rank= of no engine of the run would install the fault nowhere: a proof of nothing.
+    Row("inject-fault-rank-beyond-one-rank", ["--inject-fault", "scale-partial-sum:rank=5"],
+        USAGE, ["--inject-fault: fault 'scale-partial-sum:rank=5': rank=5 is no rank of this"
+                " run's engines, which run 1 rank each (rank 0 only), so the fault would be"
+                " installed nowhere; give rank=0, or run engines of more ranks"]),
+    Row("inject-fault-rank-beyond-two-ranks", ["--inject-fault", "scale-partial-sum:rank=2",
+                                               "--geometry", "small,tp2"], USAGE,
+        ["rank=2 is no rank of this run's engines, which run 1 or 2 ranks each (ranks 0 to 1)"]),
+    Row("inject-fault-rank-not-ascii", ["--inject-fault", "scale-partial-sum:rank=\u00b2"], USAGE,
+        ["rank='\u00b2' is no rank; give a tensor-parallel rank, 0 for the first"]),
+    # A selection of nothing is pytest's exit 5, not the stack's refusal of its variants.
+    Row("k-selects-nothing", ["-k", "zzz_nothing"], NO_TESTS,
+        ["vllm-hil: no test was selected (pytest exit 5): -m, -k, --target and the node ids"
+         " leave no test"], absent=["--stack default: no test of this selection"]),
 ]
 
 
@@ -178,11 +222,14 @@ def run_row(tmp_path: Path, row: Row) -> Path:
         model_folder(tmp_path, **row.model)
     # "{name}" stands for a path in this test's folder.
     args = [str(tmp_path / a[1:-1]) if a.startswith("{") else a for a in row.args]
-    run = child_pytest(tmp_path, reports, args, row.env)
+    env = {k: str(tmp_path / v[1:-1]) if v.startswith("{") else v for k, v in row.env.items()}
+    run = child_pytest(tmp_path, reports, args, env)
     out = run.stdout + run.stderr
     assert run.returncode == row.rc, out[-3000:]
     for fragment in row.message:
         assert fragment in out, out[-3000:]
+    for fragment in row.absent:
+        assert fragment not in out, out[-3000:]
     if "--help" not in row.args:  # pytest's help names its --tb "Traceback print mode"
         assert "Traceback" not in out and "INTERNALERROR" not in out, out[-3000:]
     if row.rc == USAGE:

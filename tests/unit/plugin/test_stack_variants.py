@@ -35,6 +35,10 @@ class Config:
         self.stash = pytest.Stash()
         self.deselected: list[object] = []
         self.hook = SimpleNamespace(pytest_deselected=lambda items: self.deselected.extend(items))
+        self.option = SimpleNamespace(keyword="", markexpr="")
+        self.said: list[str] = []
+        reporter = SimpleNamespace(write_line=self.said.append)
+        self.pluginmanager = SimpleNamespace(get_plugin=lambda name: reporter)
         if worker:
             self.workerinput = {"workerid": "gw0"}
 
@@ -107,6 +111,32 @@ def test_an_empty_selection_the_stack_left_alone_is_pytests_own():
     refuse_empty_stack(SimpleNamespace(shouldfail=False), Config("default"), [])  # no raise
 
 
+@pytest.mark.parametrize("keyword, markexpr, refused", [
+    ("zzz_nothing", "", False),  # nothing anyway: pytest's exit 5, said as such
+    ("spyre-eager-sb", "", True),  # only the variant the stack left out: the stack's doing
+    ("test_a and not vllm", "", True),
+    ("tiny-llama and spyre-eager-sb", "", True),  # a parameter id beside the variant's
+    ("", "token_equality", True),
+    ("", "capacity", False),
+    ("", "token_equality and not token_equality", False),
+])
+def test_the_stack_is_named_only_where_the_selection_would_have_run_what_it_left_out(
+        keyword, markexpr, refused):
+    config = Config("default")
+    meta = metafunc(config, "suites/test_x.py::test_a", "token_equality")
+    meta._calls = [SimpleNamespace(id="tiny-llama")]
+    offered(meta, variants("vllm-cpu", "spyre-eager-sb"))
+    config.option = SimpleNamespace(keyword=keyword, markexpr=markexpr)
+    if refused:
+        with pytest.raises(pytest.UsageError, match="--stack default: no test of this selection"):
+            refuse_empty_stack(SimpleNamespace(shouldfail=False), config, [])
+        assert config.said == []
+    else:
+        refuse_empty_stack(SimpleNamespace(shouldfail=False), config, [])
+        assert config.said == ["vllm-hil: no test was selected (pytest exit 5): -m, -k, --target"
+                               " and the node ids leave no test"]
+
+
 def test_the_refusal_groups_what_the_stack_lacks_by_reason():
     text = empty_stack_refusal("canary", ["spyre-eager-cb", "spyre-eager-cp", "neuron"])
     assert ("it does not have spyre-eager-cb, spyre-eager-cp (no Spyre plugin supports vLLM 0.32"
@@ -151,3 +181,12 @@ def test_the_module_is_what_selection_calls():
     from harness.plugin import selection
 
     assert selection.stack_variants is stack_variants
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_a_selection_of_nothing_exits_5_saying_so(tmp_path, workers):
+    # It said "--stack default: no test of this selection runs on stack default" (exit 4).
+    run = _collect(tmp_path, "-k", "zzz_nothing", *workers)
+    out = run.stdout + run.stderr
+    assert run.returncode == 5, out[-2000:]
+    assert "vllm-hil: no test was selected (pytest exit 5)" in out and "--stack" not in out
