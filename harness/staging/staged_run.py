@@ -25,6 +25,7 @@ from harness.staging.run_folder import (
     INCOMPLETE_PREFIX,
     INTERRUPTED_PREFIX,
     discard,
+    keep_partial,
     partial_folder,
     publish,
     result_count,
@@ -113,3 +114,18 @@ def finish(run: StagedRun) -> tuple[int, list[str]]:
     return code, [f"hil run: {why}; the partial results are kept in {target} (summary.md marked"
                   f" INTERRUPTED); make their report with `hil report --reports-dir {target}`;"
                   f" {kept_line(run.reports)}"]
+
+
+def after_os_error(run: StagedRun | None, reports: Path) -> str:
+    """What became of a run whose outputs could not be written."""
+    if run is None or not run.staging.exists():
+        return f"the previous results in {reports} are kept"
+    if result_count(run.results):
+        try:
+            kept = keep_partial(run.staging, reports, INCOMPLETE_PREFIX)
+        except OSError:
+            kept = run.staging
+        return (f"this run's results are kept in {kept}; the previous results in {reports}"
+                " are kept")
+    discard(run.staging)
+    return f"the previous results in {reports} are kept"
