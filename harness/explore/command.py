@@ -163,7 +163,7 @@ def _variants(spec: str) -> list:
 
 def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
     """Run ``hil explore``; its exit code."""
-    from harness.staging.interrupt import StopSignals, signal_name
+    from harness.staging.interrupt import StopSignals, say_stopped
     from harness.staging.run_folder import ReportsBusy, os_problem, reports_lock
 
     try:
@@ -186,10 +186,8 @@ def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
         with stop, reports_lock(reports, " ".join(["hil", *sys.argv[1:]])):
             return explore(info, variants, getattr(args, "inventory", "") or "",
                            args.engine_timeout, args.tensor_parallel)
-    except KeyboardInterrupt:
-        print(f"hil explore: stopped by {signal_name(stop.signal or 2)}: no findings written",
-              file=sys.stderr)
-        return stop.exit_code
+    except KeyboardInterrupt as e:  # the engines closed; what became of findings.md
+        return say_stopped("hil explore", e)
     except ReportsBusy as e:
         print(f"hil explore: {e}", file=sys.stderr)
         return 2
@@ -202,7 +200,26 @@ def explore(info: RunInfo, variants: list, inventory: str = "",
             call_timeout: float = EXPLORE_TIMEOUT,
             tensor_parallel: tuple[int, ...] = (1,)) -> int:
     """Search ``variants`` in turn with ``info``'s budget shared among them; write the
-    findings; 0 nothing found, 1 a finding, 2 nothing could run."""
+    findings (published only when an example ran: a search of nothing, a refusal or a stop
+    leaves the earlier findings.md as it was); 0 nothing found, 1 a finding, 2 nothing
+    could run."""
+    from harness.staging.staged_report import StagedReport
+
+    with StagedReport(info.explore_dir, "explore", FINDINGS_FILE) as staged:
+        results = search(info, variants, inventory, call_timeout, tensor_parallel)
+        if isinstance(results, int):
+            return results  # refused before any search: nothing written
+        tests = write_findings(info, results, into=staged.staging)
+        if ran_nothing(results):
+            staged.incomplete("no example ran: nothing was searched")
+        else:
+            staged.complete()
+    return report(info, results, tests, staged.line)
+
+
+def search(info: RunInfo, variants: list, inventory: str, call_timeout: float,
+           tensor_parallel: tuple[int, ...]) -> list | int:
+    """Each usable variant's search result, by target; 2 when none could run (said why)."""
     # deferred: the engines' session and hypothesis, paid only where the search runs
     from harness.explore.runner import ExampleRunner
     from harness.explore.search import Explorer, Identity
@@ -247,8 +264,7 @@ def explore(info: RunInfo, variants: list, inventory: str = "",
                 break
     finally:
         hil.close()
-    tests = write_findings(info, results)
-    return report(info, results, tests)
+    return results
 
 
 def ran_nothing(results: list) -> bool:
@@ -257,8 +273,9 @@ def ran_nothing(results: list) -> bool:
     return not any(result.tally.examples for _, result in results)
 
 
-def report(info: RunInfo, results: list, tests: list[Path]) -> int:
-    """Print what the search found and did; the exit code."""
+def report(info: RunInfo, results: list, tests: list[Path], written: str = "") -> int:
+    """Print what the search found and did, and ``written``, what became of findings.md
+    (``StagedReport.line``); the exit code."""
     for target, result in results:
         t = result.tally
         cost = t.seconds_per_example
@@ -271,16 +288,15 @@ def report(info: RunInfo, results: list, tests: list[Path]) -> int:
             print(f"hil explore: finding {f.key}: [check {f.check}] {f.verdict.why}")
             print(f"hil explore: found after {f.found_after:.1f} s, shrunk in"
                   f" {f.shrink_seconds:.1f} s: {f.example.describe()}".replace("\n", "; "))
-    print(f"hil explore: {info.explore_dir / FINDINGS_FILE}")
+    if ran_nothing(results) and not tests:
+        print("hil explore: no example ran (every geometry refused, or no time for one: this"
+              " run's findings.md says why): nothing was searched"
+              + (f"; {written}" if written else ""), file=sys.stderr)
+        return 2
+    print(f"hil explore: {written or info.explore_dir / FINDINGS_FILE}")
     for test in tests:
         print(f"hil explore: regression test {test}")
-    if tests:
-        return 1
-    if ran_nothing(results):
-        print("hil explore: no example ran (every geometry refused, see findings.md for why):"
-              " nothing was searched", file=sys.stderr)
-        return 2
-    return 0
+    return 1 if tests else 0
 
 
 def nightly_explore(budget: float, args: argparse.Namespace, extra: list[str]) -> int:

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.staging.staged_report import StagedReport
+
 PLUGIN = "sendnn_inference"
 TKV_LIMIT_ENV = "VLLM_DT_MAX_BATCH_TKV_LIMIT"
 
@@ -243,15 +245,26 @@ def registry_command(args: argparse.Namespace, extra: list[str]) -> int:
         return 2
     table = format_rows(rows)
     print(table)
-    out = Path(args.reports_dir) / "registry"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "registry.md").write_text(table + "\n")
-    (out / "registry.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    staged = write_registry(Path(args.reports_dir) / "registry", table, rows)
     failed = [r for r in rows if r.problem]
     built = [r for r in rows if r.matched or r.problem]
     print(f"hil registry: {len(rows)} shape(s), {len(built)} built through the plugin's"
-          f" configuration step, {len(failed)} not as declared; table in {out / 'registry.md'}")
+          f" configuration step, {len(failed)} not as declared; {staged.line}")
     return 1 if failed else 0
+
+
+def write_registry(out: Path, table: str, rows: list[RegistryRow]) -> StagedReport:
+    """registry.md and registry.json into ``out``, replacing the earlier ones only when the
+    table has a row: an empty one leaves them as they were (kept beside them instead)."""
+    with StagedReport(out, "registry", "registry.md") as staged:
+        (staged.staging / "registry.md").write_text(table + "\n")
+        (staged.staging / "registry.json").write_text(json.dumps([asdict(r) for r in rows],
+                                                                 indent=1))
+        if rows:
+            staged.complete()
+        else:
+            staged.incomplete("the table has no row")
+    return staged
 
 
 def add_registry_parser(sub: Any, root: Path) -> None:
