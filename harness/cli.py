@@ -52,7 +52,6 @@ from harness.core.paths import REPO_ROOT, SUITES_DIR
 from harness.explore.command import add_explore_parser, nightly_explore
 from harness.in_engine.kind_modules import resolve
 from harness.lab.inventory import Inventory, InventoryError, discover_inventory, load_inventory
-from harness.lab.shard_plan import DURATIONS_FILE, DurationsError, load_durations
 from harness.lab_merge.lab_report import keep_durations, merge_command, source_inputs
 from harness.plugin.option_needs import (
     COMMAND_NEEDS,
@@ -67,7 +66,14 @@ from harness.report.report_output import output_problem
 from harness.report.stack_summary import junit_name, save_stack_part
 from harness.selftest import add_selftest_parser
 from harness.stacks.spec import StackError, list_stacks, load_stack
-from harness.staging.interrupt import ChildRunner, StopSignals, pytest_command, say_stopped
+from harness.staging.interrupt import (
+    ChildRunner,
+    StopSignals,
+    pytest_command,
+    say_stopped,
+    script_command,
+    signal_name,
+)
 from harness.staging.run_folder import (
     ReportsBusy,
     new_staging,
@@ -75,7 +81,13 @@ from harness.staging.run_folder import (
     reports_lock,
     tidy_leftovers,
 )
-from harness.staging.staged_run import StagedRun, after_os_error, finish
+from harness.staging.staged_run import (
+    StagedRun,
+    after_os_error,
+    durations_args,
+    finish,
+    sharded,
+)
 from harness.targets import KINDS, all_variants, device_kinds, nightly_markers
 from harness.triage_command import add_triage_parser
 
@@ -103,7 +115,7 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
                 print(f"hil run: {line}", file=sys.stderr)
             run = StagedRun(reports, new_staging(reports), stacks)
             # The published durations plan shards; an unsharded run takes none.
-            durations = _durations_args(reports, args, extra) if _sharded(args, extra) else []
+            durations = durations_args(reports, args, extra) if sharded(args, extra) else []
             _run_stacks(runner, run, durations + extra)
             run.signal = runner.signal
             code, lines = finish(run)
@@ -137,31 +149,6 @@ def _run_stacks(runner: ChildRunner, run: StagedRun, extra: list[str]) -> None:
                         ran=outcome.code != USAGE_ERROR)
         if outcome.signal:
             return
-
-
-def _durations_args(reports: Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
-    """pytest plans shards by REPORTS_DIR/durations.json by default; the run's reports dir is
-    its staging folder, so the published one is named (unless one is given, or it is
-    unreadable: then, as pytest does with its default, a warning and the plan goes by count)."""
-    given = (getattr(args, "shard_durations", "") or os.environ.get("HIL_SHARD_DURATIONS")
-             or any(a.startswith("--shard-durations") for a in extra))
-    default = reports / DURATIONS_FILE
-    if given or not default.is_file():
-        return []
-    try:
-        load_durations(default)
-    except DurationsError as e:
-        print(f"hil run: warning: {e}; ignored: shards are planned by test count",
-              file=sys.stderr)
-        return []
-    return [f"--shard-durations={default}"]
-
-
-def _sharded(args: argparse.Namespace, extra: list[str]) -> bool:
-    """Whether the run's pytest is given a shard (``hil nightly --shard``, a ``--shard``
-    among the pytest arguments, or HIL_SHARD, pytest's variable for it)."""
-    return bool(getattr(args, "shard", "") or on_command_line("--shard", extra)
-                or os.environ.get("HIL_SHARD", "").strip())
 
 
 USAGE_ERROR = 4  # pytest's exit code for arguments it refused
@@ -338,12 +325,16 @@ def _print_stacks(inv: object) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
-    cmd = [sys.executable, str(ROOT / "bench" / "harness_bench.py")] + (["--quick"] if args.quick else [])
-    cmd += ["--parts", args.parts] if args.parts else []
+    cmd = script_command(ROOT / "bench" / "harness_bench.py", *(["--quick"] if args.quick else []),
+                         *(["--parts", args.parts] if args.parts else []))
     # The bench imports the checkout's fixtures and harness; non-zero when a timed run failed.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    with ChildRunner() as runner:  # the bench says what it kept when stopped
-        return runner.run(cmd, ROOT, env=env).exit_code
+    with ChildRunner() as runner:  # stopped, the bench says what it kept (exit 128 + signal)
+        outcome = runner.run(cmd, ROOT, env=env)
+    if outcome.signal and outcome.code == 2:  # stopped before the bench began: it said nothing
+        print(f"hil bench: stopped by {signal_name(outcome.signal)} while starting; nothing of"
+              " this run was written", file=sys.stderr)
+    return outcome.exit_code
 
 
 def cmd_models(args: argparse.Namespace, extra: list[str]) -> int:

@@ -246,7 +246,8 @@ def report_outcome(nodeid: str, folder: Path, code: int, stopped_by: str = "") -
         return 0
     status, message = test_outcome(folder / "junit.xml")
     if stopped_by:
-        print(f"hil triage: stopped by {stopped_by}: nothing triaged", file=sys.stderr)
+        print(f"hil triage: stopped by {stopped_by}: nothing triaged; this run's partial"
+              f" output is in {folder}; the earlier results are as they were", file=sys.stderr)
     elif status == "passed":
         print(f"{nodeid} passed: nothing to triage")
     elif status == "skipped":

@@ -93,24 +93,40 @@ def say_stopped(command: str, exc: BaseException) -> int:
     return 128 + signal_of(exc)
 
 
-# A child pytest: ``python -m pytest ARGS`` run by these lines (``python -c``: nothing of the
-# harness is imported before pytest, so pytest rewrites its modules' asserts as usual).
+# A child pytest: ``python -m pytest ARGS`` run by the lines of QUIET_PYTEST (``python -c``:
+# nothing of the harness is imported before pytest, which rewrites its modules' asserts).
 # ChildRunner starts it with SIGINT blocked: a SIGINT forwarded while the interpreter starts
 # stays pending. Python's handler is installed and SIGINT unblocked before pytest is
 # imported: a pending one is raised at once, inside the ``try``. A KeyboardInterrupt that
 # leaves pytest came before its session began (in a session pytest ends the run itself,
 # writing its results): it ends the child quietly with pytest's exit code for an interrupted
 # run (2), and ``hil`` prints the one line of what it kept.
-QUIET_PYTEST = "\n".join([
+QUIET_HEAD = "\n".join([
     "import signal, sys",
     "signal.signal(signal.SIGINT, signal.default_int_handler)",
     "try:",
     "    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})",
     "    import runpy",
-    "    runpy.run_module('pytest', run_name='__main__', alter_sys=True)",
-    "except KeyboardInterrupt:",
-    "    sys.exit(2)",
 ])
+
+
+def _quiet(run: str) -> str:
+    return "\n".join([QUIET_HEAD, f"    {run}", "except KeyboardInterrupt:", "    sys.exit(2)"])
+
+
+QUIET_PYTEST = _quiet("runpy.run_module('pytest', run_name='__main__', alter_sys=True)")
+
+
+def is_quiet_child(cmd: list[str]) -> bool:
+    """Whether ``cmd`` runs as a quiet child (``pytest_command``, ``script_command``)."""
+    return cmd[1:2] == ["-c"] and len(cmd) > 2 and cmd[2].startswith(QUIET_HEAD)
+
+
+def script_command(script: Path, *args: str) -> list[str]:
+    """``python SCRIPT ARGS`` as a quiet child: stopped before its main runs, it ends with
+    exit 2 and no output."""
+    return [sys.executable, "-c", _quiet(f"runpy.run_path({str(script)!r}, run_name='__main__')"),
+            *args]
 
 
 def pytest_command(*args: str) -> list[str]:
@@ -211,7 +227,7 @@ class ChildRunner(_StopHandlers):
             return ChildOutcome(code=2, signal=self.signal, killed=self.killed)
         self.proc = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=stdout,
                                      stderr=stderr, env=env,
-                                     preexec_fn=_child_setup(cmd[1:3] == ["-c", QUIET_PYTEST]))
+                                     preexec_fn=_child_setup(is_quiet_child(cmd)))
         if self.signal is not None:  # it came while the child started: not yet forwarded
             self._send(signal.SIGINT)
         ends = None if timeout is None else time.monotonic() + timeout
@@ -236,11 +252,11 @@ class ChildRunner(_StopHandlers):
                             timed_out=timed_out)
 
 
-def _child_setup(quiet_start: bool) -> Callable[[], None] | None:
+def _child_setup(quiet: bool) -> Callable[[], None] | None:
     """The child's set-up between fork and exec: die with this thread (``die_with_parent``),
     and for a quiet child SIGINT blocked (pending, not lost) until it unblocks it."""
     dies = die_with_parent()
-    if not quiet_start:
+    if not quiet:
         return dies
 
     def setup() -> None:
