@@ -211,7 +211,7 @@ def explore(info: RunInfo, variants: list, inventory: str = "",
             return results  # refused before any search: nothing written
         tests = write_findings(info, results, into=staged.staging)
         if ran_nothing(results):
-            staged.incomplete("no example ran: nothing was searched")
+            staged.incomplete("no example ran")
         else:
             staged.complete()
     return report(info, results, tests, staged.line)
