@@ -447,3 +447,29 @@ def test_sighup_ends_a_direct_pytest_run_as_a_ctrl_c_does(tmp_path):
     assert "KeyboardInterrupt" in out and "INTERNALERROR" not in out
     assert "signal 1 (SIGHUP)" in out
     assert "1 passed" in out and junit.is_file()
+
+
+# ---------------------------------------------------------------- a stop is never lost
+
+
+def test_a_stop_while_a_fork_server_starts_is_not_turned_into_its_failure(tmp_path):
+    """A stop signal while hil explore's session waits for its fork server used to come out
+    as an OSError (the listener's socket unlinked after its folder was removed), which the
+    session took for a broken fork server: it started the engine fresh and the search ran on,
+    the Ctrl-C lost. The stop must leave the start as what it is."""
+    import threading
+
+    from harness.engine.forkserver import ForkServer
+    from harness.staging.interrupt import Stopped, StopSignals
+
+    never_ready = tmp_path / "python"  # a fork server that never connects
+    never_ready.write_text("#!/bin/sh\nexec sleep 60\n")
+    never_ready.chmod(0o755)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    with StopSignals(), pytest.raises(Stopped) as stop:
+        timer.start()
+        ForkServer.start(str(never_ready), dict(os.environ), str(tmp_path), tmp_path / "fs.log")
+    timer.cancel()
+    assert stop.value.signum == signal.SIGTERM
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(never_ready) in " ".join(p.info["cmdline"] or [])]
