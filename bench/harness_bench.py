@@ -2,7 +2,8 @@
 
     .venv/bin/hil bench [--quick] [--parts runs,starts,mission,probes,probe_by_pool,overlap,growth,triage]
 
-Prints tables and writes reports/bench/latest.json (and a timestamped copy); exits 1
+Prints tables and writes reports/bench/bench-<stamp>.json and latest.json (latest.json only
+when no timed run failed: the earlier one stays otherwise, and so on a stop); exits 1
 when any timed run failed (its figures are then not valid). ``--parts`` runs some parts
 and keeps the others' figures from the previous latest.json. Parts, on the tiny models:
 
@@ -66,6 +67,7 @@ from bench.engine_costs import engine_starts, growth, start_overlap  # noqa: E40
 from bench.probe_costs import probe_by_pool, probe_overhead  # noqa: E402
 from bench.suite_runs import pytest_run  # noqa: E402
 from bench.triage_cost import green_run_triage  # noqa: E402
+from harness.staging.staged_report import StagedReport  # noqa: E402
 
 SELECTION = ["suites/test_token_equality.py", "-m", "cpu", "--model", "tiny-llama"]
 
@@ -75,6 +77,17 @@ OPT_IN_PARTS = ("ci",)  # run only when named: the CI wall time takes as long as
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the bench; its exit code. Stopped (Ctrl-C, or hil bench's forwarded signal), it
+    says in one line that the earlier latest.json is kept and exits 128 + the signal."""
+    from harness.staging.interrupt import say_stopped
+
+    try:
+        return _bench(argv)
+    except KeyboardInterrupt as e:
+        return say_stopped("hil bench", e)
+
+
+def _bench(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one repeat (a smoke run)")
     ap.add_argument("--out", default=str(ROOT / "reports" / "bench"))
@@ -91,6 +104,27 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     selection = [*SELECTION, "-k", "single or pair"] if args.quick else SELECTION
     work = Path(tempfile.mkdtemp(prefix="hil-bench-"))
+    try:
+        with StagedReport(out, "bench", "latest.json") as staged:
+            failures = _run_parts(args, parts, selection, out, work, staged.staging)
+            if failures:  # its figures are not valid: the earlier latest.json stays
+                staged.incomplete(f"{len(failures)} timed run(s) failed")
+            else:
+                staged.complete()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if failures:
+        print("hil bench: timed runs failed (their figures are not valid):\n  " + "\n  ".join(failures)
+              + f"\nhil bench: {staged.line}", file=sys.stderr)
+        return 1
+    print(f"written: {out / 'latest.json'}")
+    return 0
+
+
+def _run_parts(args: argparse.Namespace, parts: list[str], selection: list[str], out: Path,
+               work: Path, staging: Path) -> list[str]:
+    """Run the bench's parts; its figures into OUT/bench-<stamp>.json and STAGING/latest.json
+    (published when no timed run failed); the failures."""
     cache = work / "cache"
     sys.path.insert(0, str(ROOT))
     from fixtures.models import build_model
@@ -190,16 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     result["ratios"] = ratios(result)
     result["failures"] = failures
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for name in (f"bench-{stamp}.json", "latest.json"):
-        (out / name).write_text(json.dumps(result, indent=1))
+    (out / f"bench-{stamp}.json").write_text(json.dumps(result, indent=1))  # a record of its own
+    (staging / "latest.json").write_text(json.dumps(result, indent=1))
     print_tables(result)
-    print(f"written: {out / 'latest.json'}")
-    shutil.rmtree(work, ignore_errors=True)
-    if failures:
-        print("hil bench: timed runs failed (their figures are not valid):\n  " + "\n  ".join(failures),
-              file=sys.stderr)
-        return 1
-    return 0
+    return failures
 
 
 if __name__ == "__main__":

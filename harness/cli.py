@@ -34,21 +34,25 @@
                                per finding; exit 0 nothing found, 1 a finding
 """
 
+# ruff: noqa: E402 (the stop handlers come before the heavy imports)
 from __future__ import annotations
+
+from harness.staging.starting import quiet_start
+
+quiet_start(__name__)  # as the hil command: a stop while the imports below run ends it quietly
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from harness.calibration.command import add_calibrate_parser
 from harness.core.paths import REPO_ROOT, SUITES_DIR
-from harness.explore.command import add_explore_parser, nightly_search, search_after_nightly
+from harness.explore.command import add_explore_parser
+from harness.explore.nightly import nightly_search, search_after_nightly
 from harness.in_engine.kind_modules import resolve
 from harness.lab.inventory import Inventory, InventoryError, discover_inventory, load_inventory
-from harness.lab.shard_plan import DURATIONS_FILE, DurationsError, load_durations
 from harness.lab_merge.lab_report import keep_durations, merge_command, source_inputs
 from harness.plugin.option_needs import (
     COMMAND_NEEDS,
@@ -63,19 +67,28 @@ from harness.report.report_output import output_problem
 from harness.report.stack_summary import junit_name, save_stack_part
 from harness.selftest import add_selftest_parser
 from harness.stacks.spec import StackError, list_stacks, load_stack
-from harness.staging.interrupt import ChildRunner
+from harness.staging.interrupt import (
+    ChildRunner,
+    StopSignals,
+    pytest_command,
+    say_stopped,
+    script_command,
+    signal_name,
+)
 from harness.staging.run_folder import (
-    INCOMPLETE_PREFIX,
     ReportsBusy,
-    discard,
-    keep_partial,
     new_staging,
     os_problem,
     reports_lock,
-    result_count,
     tidy_leftovers,
 )
-from harness.staging.staged_run import StagedRun, finish
+from harness.staging.staged_run import (
+    StagedRun,
+    after_os_error,
+    durations_args,
+    finish,
+    sharded,
+)
 from harness.targets import KINDS, all_variants, device_kinds, nightly_markers
 from harness.triage_command import add_triage_parser
 
@@ -96,21 +109,22 @@ def cmd_run(args: argparse.Namespace, extra: list[str]) -> int:
         return 2
     run: StagedRun | None = None
     try:
-        with reports_lock(reports, " ".join(["hil", *sys.argv[1:]])):
+        # The runner's handlers from the start: a stop while the folder is prepared is a
+        # stop of the run (no child starts), ended by finish() as any other.
+        with ChildRunner() as runner, reports_lock(reports, " ".join(["hil", *sys.argv[1:]])):
             for line in tidy_leftovers(reports):
                 print(f"hil run: {line}", file=sys.stderr)
             run = StagedRun(reports, new_staging(reports), stacks)
-            with ChildRunner() as runner:
-                # The published durations plan shards; an unsharded run takes none.
-                durations = _durations_args(reports, args, extra) if _sharded(args, extra) else []
-                _run_stacks(runner, run, durations + extra)
-                run.signal = runner.signal
-                code, lines = finish(run)
+            # The published durations plan shards; an unsharded run takes none.
+            durations = durations_args(reports, args, extra) if sharded(args, extra) else []
+            _run_stacks(runner, run, durations + extra)
+            run.signal = runner.signal
+            code, lines = finish(run)
     except ReportsBusy as e:
         print(f"hil run: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"hil run: {os_problem(e, 'write the results')}; {_after_os_error(run, reports)}",
+        print(f"hil run: {os_problem(e, 'write the results')}; {after_os_error(run, reports)}",
               file=sys.stderr)
         return 1 if run is not None and 1 in run.codes else 2
     published = run is not None and run.published
@@ -123,15 +137,10 @@ def _run_stacks(runner: ChildRunner, run: StagedRun, extra: list[str]) -> None:
     """One pytest run per stack, all into the run's staging folder: one report, side by
     side. A refused first run or a signal ends the run."""
     for stack in run.stacks:
-        cmd = [
-            sys.executable, "-m", "pytest", str(RUN_SUITES),
-            f"--alluredir={run.results}",
-            f"--junitxml={run.staging / junit_name(stack)}",
-            f"--hil-reports-dir={run.staging}",
-            f"--stack={stack}",
-            *extra,
-        ]
-        print("hil run:", " ".join(cmd[2:]), flush=True)
+        cmd = pytest_command(str(RUN_SUITES), f"--alluredir={run.results}",
+                             f"--junitxml={run.staging / junit_name(stack)}",
+                             f"--hil-reports-dir={run.staging}", f"--stack={stack}", *extra)
+        print("hil run: pytest", " ".join(cmd[3:]), flush=True)
         outcome = runner.run(cmd, ROOT)
         run.codes.append(outcome.code)
         if outcome.code == USAGE_ERROR and len(run.codes) == 1:
@@ -143,46 +152,6 @@ def _run_stacks(runner: ChildRunner, run: StagedRun, extra: list[str]) -> None:
             return
 
 
-def _durations_args(reports: Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
-    """pytest plans shards by REPORTS_DIR/durations.json by default; the run's reports dir is
-    its staging folder, so the published one is named (unless one is given, or it is
-    unreadable: then, as pytest does with its default, a warning and the plan goes by count)."""
-    given = (getattr(args, "shard_durations", "") or os.environ.get("HIL_SHARD_DURATIONS")
-             or any(a.startswith("--shard-durations") for a in extra))
-    default = reports / DURATIONS_FILE
-    if given or not default.is_file():
-        return []
-    try:
-        load_durations(default)
-    except DurationsError as e:
-        print(f"hil run: warning: {e}; ignored: shards are planned by test count",
-              file=sys.stderr)
-        return []
-    return [f"--shard-durations={default}"]
-
-
-def _sharded(args: argparse.Namespace, extra: list[str]) -> bool:
-    """Whether the run's pytest is given a shard (``hil nightly --shard``, a ``--shard``
-    among the pytest arguments, or HIL_SHARD, pytest's variable for it)."""
-    return bool(getattr(args, "shard", "") or on_command_line("--shard", extra)
-                or os.environ.get("HIL_SHARD", "").strip())
-
-
-def _after_os_error(run: StagedRun | None, reports: Path) -> str:
-    """What became of a run whose outputs could not be written."""
-    if run is None or not run.staging.exists():
-        return f"the previous results in {reports} are kept"
-    if result_count(run.results):
-        try:
-            kept = keep_partial(run.staging, reports, INCOMPLETE_PREFIX)
-        except OSError:
-            kept = run.staging
-        return (f"this run's results are kept in {kept}; the previous results in {reports}"
-                " are kept")
-    discard(run.staging)
-    return f"the previous results in {reports} are kept"
-
-
 USAGE_ERROR = 4  # pytest's exit code for arguments it refused
 
 
@@ -192,10 +161,10 @@ def suites_command(extra: list[str], here: Path) -> list[str]:
     ``suites/test_*.py::...`` as in a checkout), configured by ``here``'s pytest.ini alone (no
     ini, conftest or cache of the folders the suites are installed in)."""
     ini = here / "pytest.ini"
-    return [sys.executable, "-m", "pytest", "-p", "vllm_hil",
+    return pytest_command("-p", "vllm_hil",
             "-c", str(ini) if ini.is_file() else os.devnull,
             f"--rootdir={SUITES_DIR.parent}", f"--confcutdir={SUITES_DIR}",
-            "-o", f"cache_dir={here / '.pytest_cache'}", str(SUITES_DIR), *extra]
+            "-o", f"cache_dir={here / '.pytest_cache'}", str(SUITES_DIR), *extra)
 
 
 def cmd_suites(args: argparse.Namespace, extra: list[str]) -> int:
@@ -204,8 +173,9 @@ def cmd_suites(args: argparse.Namespace, extra: list[str]) -> int:
               " its packages) or run from a checkout", file=sys.stderr)
         return 2
     cmd = suites_command(extra, Path.cwd())
-    print("hil suites:", " ".join(cmd[2:]), flush=True)
-    return subprocess.call(cmd)
+    print("hil suites: pytest", " ".join(cmd[3:]), flush=True)
+    with ChildRunner() as runner:
+        return runner.run(cmd, Path.cwd()).exit_code
 
 
 def stacks_problem(value: str, stacks: list[str]) -> str | None:
@@ -356,11 +326,16 @@ def _print_stacks(inv: object) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
-    cmd = [sys.executable, str(ROOT / "bench" / "harness_bench.py")] + (["--quick"] if args.quick else [])
-    cmd += ["--parts", args.parts] if args.parts else []
+    cmd = script_command(ROOT / "bench" / "harness_bench.py", *(["--quick"] if args.quick else []),
+                         *(["--parts", args.parts] if args.parts else []))
     # The bench imports the checkout's fixtures and harness; non-zero when a timed run failed.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.call(cmd, cwd=ROOT, env=env)
+    with ChildRunner() as runner:  # stopped, the bench says what it kept (exit 128 + signal)
+        outcome = runner.run(cmd, ROOT, env=env)
+    if outcome.signal and outcome.code == 2:  # stopped before the bench began: it said nothing
+        print(f"hil bench: stopped by {signal_name(outcome.signal)} while starting; nothing of"
+              " this run was written", file=sys.stderr)
+    return outcome.exit_code
 
 
 def cmd_models(args: argparse.Namespace, extra: list[str]) -> int:
@@ -492,8 +467,19 @@ def needs_problem(parser: argparse.ArgumentParser, cmd: str, args: argparse.Name
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
+    """Run the ``hil`` command ``argv``; its exit code. A stop signal (SIGINT, SIGTERM,
+    SIGHUP) in a command that has no handling of its own ends it with one line (what became
+    of its report) and 128 + the signal."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    with StopSignals():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as e:
+            return say_stopped(" ".join(["hil", *[a for a in argv[:1] if a[:1] != "-"]]), e)
+
+
+def _main(argv: list[str]) -> int:
+    p = build_parser()
     args, extra = p.parse_known_args(argv)
     if args.cmd not in ("run", "nightly", "suites", "triage") and extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")

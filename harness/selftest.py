@@ -37,7 +37,8 @@ from harness.lab.inventory import InventoryError, discover_inventory, load_inven
 from harness.plugin.options import add_cli_option
 from harness.report.categories import classify
 from harness.stacks.spec import StackError, load_stack, stack_python
-from harness.staging.interrupt import ChildRunner, signal_name
+from harness.staging.interrupt import ChildRunner, pytest_command, signal_name
+from harness.staging.staged_report import StagedReport
 from harness.targets import kinds_on, selftest_modules
 from harness.targets.selftest_case import Case
 
@@ -159,12 +160,13 @@ def run_case(case: Case, workdir: Path, root: Path, lease_dir: str = "",
     workdir.mkdir(parents=True, exist_ok=True)
     junit = workdir / "junit.xml"
     junit.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-           f"--junitxml={junit}", f"--hil-reports-dir={workdir / 'reports'}",
-           case.suite, "-k", case.select, "--model", "tiny-llama", "--target", case.target,
-           "--stack", case.stack, "--inject-fault", case.fault, "--quarantine", os.devnull,
-           "--no-triage",  # a selftest asks whether a check fails, not what the failure needs
-           *case.extra]
+    cmd = pytest_command(
+        "-p", "no:cacheprovider", "-q", f"--junitxml={junit}",
+        f"--hil-reports-dir={workdir / 'reports'}", case.suite, "-k", case.select, "--model",
+        "tiny-llama", "--target", case.target, "--stack", case.stack, "--inject-fault",
+        case.fault, "--quarantine", os.devnull,
+        "--no-triage",  # a selftest asks whether a check fails, not what the failure needs
+        *case.extra)
     if lease_dir:
         cmd.append(f"--lease-dir={lease_dir}")
     start_ms, t0 = int(time.time() * 1000), time.monotonic()
@@ -287,8 +289,9 @@ def selftest_command(args: argparse.Namespace, extra: list[str]) -> int:
     verdict = (f"every fault family caught ({total:.0f} s)" if not missed else
                f"NOT CAUGHT: {', '.join(missed)} ({total:.0f} s)")
     print(text + "\n\nhil selftest: " + verdict, flush=True)
-    (reports / "selftest").mkdir(parents=True, exist_ok=True)
-    (reports / "selftest" / "selftest.md").write_text(f"# hil selftest\n\n{text}\n\n{verdict}\n")
+    with StagedReport(reports / "selftest", "selftest", "selftest.md") as out:
+        (out.staging / "selftest.md").write_text(f"# hil selftest\n\n{text}\n\n{verdict}\n")
+        out.complete()
     results = Path(args.results or reports / "allure-results")
     write_allure(outcomes, results)
     print(f"hil selftest: results in {results} (suite selftest), table in"
@@ -302,16 +305,17 @@ def _interrupted(signum: int, outcomes: list[Outcome], planned: int, reports: Pa
     why = (f"stopped by {signal_name(signum)} after {len(outcomes)} of {planned} case(s):"
            " nothing is said of the faults not run")
     text = table(outcomes)
-    print(f"{text}\n\nhil selftest: {why}", file=sys.stderr, flush=True)
-    folder = reports / "selftest"
+    print(f"{text}\n", file=sys.stderr, flush=True)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "selftest.md").write_text(f"**INTERRUPTED**: {why}\n\n# hil selftest\n\n"
-                                            f"{text}\n")
-        print(f"hil selftest: the table of the cases that ran is in {folder / 'selftest.md'}"
-              " (marked INTERRUPTED); no Allure results were written", file=sys.stderr)
+        # Kept apart (marked INTERRUPTED): the earlier complete table stays in place.
+        with StagedReport(reports / "selftest", "selftest", "selftest.md") as out:
+            (out.staging / "selftest.md").write_text(f"**INTERRUPTED**: {why}\n\n"
+                                                     f"# hil selftest\n\n{text}\n")
+            out.incomplete("the table of the cases that ran, marked INTERRUPTED", stopped=True)
+        print(f"hil selftest: {why}; {out.line}; no Allure results were written",
+              file=sys.stderr)
     except OSError as e:
-        print(f"hil selftest: cannot write {folder / 'selftest.md'}: {e}", file=sys.stderr)
+        print(f"hil selftest: {why}; cannot write its table: {e}", file=sys.stderr)
     return 128 + signum
 
 

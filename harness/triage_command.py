@@ -33,7 +33,7 @@ from harness.core.triage import TriageResult
 from harness.plugin.options import BY_NAME, add_cli_option, cli_type
 from harness.report.results import labels_of, load_results, params_of
 from harness.report.run_config import read_properties
-from harness.staging.interrupt import ChildRunner, signal_name
+from harness.staging.interrupt import ChildRunner, pytest_command, signal_name
 
 BUDGET = 1800.0  # seconds of triage for the one test (--budget)
 FOLDER = "triage"  # REPORTS_DIR/triage/<time>-<test>/
@@ -156,11 +156,10 @@ def triage_command(nodeid: str, folder: Path, budget: float, carried: list[str],
                    extra: list[str]) -> list[str]:
     """The child pytest's command line (run in the checkout, as ``hil run`` runs it)."""
     given_stack = any(a == "--stack" or a.startswith("--stack=") for a in extra)
-    return [sys.executable, "-m", "pytest", nodeid,
-            f"--alluredir={folder / 'allure-results'}", f"--junitxml={folder / 'junit.xml'}",
-            f"--hil-reports-dir={folder}",
-            *([f"--stack={stack}"] if stack and not given_stack else []),
-            *carried, "--triage-max=1", f"--triage-budget={budget:g}", *extra]
+    return pytest_command(nodeid, f"--alluredir={folder / 'allure-results'}",
+                          f"--junitxml={folder / 'junit.xml'}", f"--hil-reports-dir={folder}",
+                          *([f"--stack={stack}"] if stack and not given_stack else []),
+                          *carried, "--triage-max=1", f"--triage-budget={budget:g}", *extra)
 
 
 def triage_results(folder: Path, nodeid: str) -> list[TriageResult]:
@@ -222,7 +221,7 @@ def cmd_triage(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"hil triage: cannot make the run's folder: {e}", file=sys.stderr)
         return 2
     cmd = triage_command(nodeid, folder, float(args.budget), prev.args or [], prev.stack, extra)
-    print("hil triage:", " ".join(cmd[2:]), flush=True)
+    print("hil triage: pytest", " ".join(cmd[3:]), flush=True)
     with ChildRunner() as runner:
         outcome = runner.run(cmd, REPO_ROOT)
     return report_outcome(nodeid, folder, outcome.code, signal_name(outcome.signal))
@@ -247,7 +246,8 @@ def report_outcome(nodeid: str, folder: Path, code: int, stopped_by: str = "") -
         return 0
     status, message = test_outcome(folder / "junit.xml")
     if stopped_by:
-        print(f"hil triage: stopped by {stopped_by}: nothing triaged", file=sys.stderr)
+        print(f"hil triage: stopped by {stopped_by}: nothing triaged; this run's partial"
+              f" output is in {folder}; the earlier results are as they were", file=sys.stderr)
     elif status == "passed":
         print(f"{nodeid} passed: nothing to triage")
     elif status == "skipped":

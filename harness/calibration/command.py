@@ -23,6 +23,7 @@ from harness.calibration.measure import PRECISIONS, measure
 from harness.calibration.metrics import METRICS, UNITS
 from harness.calibration.store import Calibration, calibrate
 from harness.calibration.thresholds import ALPHA, BAND_RATE, LIMIT_MARGIN
+from harness.staging.staged_report import StagedReport
 
 DEFAULT_MODELS = ("tiny-llama", "tiny-granite")
 COLUMNS = ("metric", "unit", "n", "p50", "p99", "max", "band", "limit")
@@ -140,13 +141,15 @@ def calibrate_command(args: argparse.Namespace, extra: list[str] | None = None) 
         return 2
     reports = Path(args.reports_dir)
     try:
-        run(_list(args.model, DEFAULT_MODELS), precisions, Path(args.cache_dir), reports,
-            force=args.force, attn_scale=args.attn_scale)
+        # Published when every model was calibrated: a refusal or a stop (hil's one line
+        # says what was kept) leaves the earlier calibration.md as it was.
+        with StagedReport(reports, "calibrate", "calibration.md") as out:
+            run(_list(args.model, DEFAULT_MODELS), precisions, Path(args.cache_dir),
+                out.staging, force=args.force, attn_scale=args.attn_scale)
+            out.complete()
     except CommandError as e:
         print(f"hil calibrate: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
     print(f"written: {reports / 'calibration.md'}")
     return 0
 

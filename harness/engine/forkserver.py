@@ -195,6 +195,7 @@ class ForkServer:
                     raise ForkServerError(f"fork server exited ({proc.poll()}) before it was ready")
             status, report = conn.recv()
         except BaseException:
+            listener.close()  # before its folder goes: its unlink error would replace a stop
             proc.kill()
             proc.wait()
             sockdir.cleanup()

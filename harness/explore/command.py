@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +50,6 @@ EXPLORE_TIMEOUT = 300.0  # seconds one example's engine call may take (--engine-
 DEFAULT_MODEL = "tiny-llama"
 NEEDS = "kv_ledger"  # the capability an explored variant must have: its ledgers every step
 CACHE_FOLDER = "explore"  # CACHE_DIR/explore: the example database and the failed geometries
-PYTEST_REFUSED = 4  # pytest's exit code for arguments it refused (harness.cli.USAGE_ERROR)
 
 
 def default_cache_dir() -> Path:
@@ -252,7 +250,7 @@ def _fault_ranks(faults: Sequence[str], sizes: tuple[int, ...]) -> None:
 def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
     """Run ``hil explore``; its exit code."""
     from harness.session.build import BadSetting
-    from harness.staging.interrupt import StopSignals, signal_name
+    from harness.staging.interrupt import StopSignals, say_stopped
     from harness.staging.run_folder import ReportsBusy, os_problem, reports_lock
 
     try:
@@ -271,10 +269,8 @@ def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         with stop, reports_lock(reports, " ".join(["hil", *sys.argv[1:]])):
             return explore(search)
-    except KeyboardInterrupt:
-        print(f"hil explore: stopped by {signal_name(stop.signal or 2)}: no findings written",
-              file=sys.stderr)
-        return stop.exit_code
+    except KeyboardInterrupt as e:  # the engines closed; what became of findings.md
+        return say_stopped("hil explore", e)
     except ReportsBusy as e:
         print(f"hil explore: {e}", file=sys.stderr)
         return 2
@@ -285,7 +281,26 @@ def cmd_explore(args: argparse.Namespace, extra: list[str]) -> int:
 
 def explore(search: Search) -> int:
     """Search ``search``'s variants in turn with its budget shared among them; write the
-    findings; 0 nothing found, 1 a finding, 2 nothing could run."""
+    findings (published only when an example ran: a search of nothing, a refusal or a stop
+    leaves the earlier findings.md as it was); 0 nothing found, 1 a finding, 2 nothing
+    could run."""
+    from harness.staging.staged_report import StagedReport
+
+    info = search.info
+    with StagedReport(info.explore_dir, "explore", FINDINGS_FILE) as staged:
+        results = run_search(search)
+        if isinstance(results, int):
+            return results  # refused before any search: nothing written
+        tests = write_findings(info, results, into=staged.staging)
+        if ran_nothing(results):
+            staged.incomplete("no example ran")
+        else:
+            staged.complete()
+    return report(info, results, tests, staged.line)
+
+
+def run_search(search: Search) -> list | int:
+    """Each usable variant's search result, by target; 2 when none could run (said why)."""
     # deferred: the engines' session and hypothesis, paid only where the search runs
     from harness.explore.known import default_file
     from harness.explore.runner import ExampleRunner
@@ -344,8 +359,7 @@ def explore(search: Search) -> int:
                 break
     finally:
         hil.close()
-    tests = write_findings(info, results)
-    return report(info, results, tests)
+    return results
 
 
 def ran_nothing(results: list) -> bool:
@@ -354,8 +368,9 @@ def ran_nothing(results: list) -> bool:
     return not any(result.tally.examples for _, result in results)
 
 
-def report(info: RunInfo, results: list, tests: list[Path]) -> int:
-    """Print what the search found and did; the exit code."""
+def report(info: RunInfo, results: list, tests: list[Path], written: str = "") -> int:
+    """Print what the search found and did, and ``written``, what became of findings.md
+    (``StagedReport.line``); the exit code."""
     for target, result in results:
         t = result.tally
         cost = t.seconds_per_example
@@ -367,75 +382,12 @@ def report(info: RunInfo, results: list, tests: list[Path]) -> int:
         for f in result.findings:
             for line in console_lines(f):
                 print(f"hil explore: {line}")
-    print(f"hil explore: {info.explore_dir / FINDINGS_FILE}")
+    if ran_nothing(results) and not tests:
+        print("hil explore: no example ran (every geometry refused, or no time for one: this"
+              " run's findings.md says why): nothing was searched"
+              + (f"; {written}" if written else ""), file=sys.stderr)
+        return 2
+    print(f"hil explore: {written or info.explore_dir / FINDINGS_FILE}")
     for test in tests:
         print(f"hil explore: regression test {test}")
-    if tests:  # a flaky finding too: said as flaky above, never an all-clear
-        return 1
-    if ran_nothing(results):
-        print("hil explore: no example ran (every geometry refused, see findings.md for why):"
-              " nothing was searched", file=sys.stderr)
-        return 2
-    return 0
-
-
-def nightly_search(budget: float, args: argparse.Namespace, extra: list[str]) -> Search | int:
-    """``hil nightly --explore SECONDS``: the search after the nightly, checked before the
-    nightly's suites run: on the first of its stacks, its --target, first --model and
-    --inject-fault faults (from its pytest arguments, else their HIL_* variables, else the
-    defaults), its inventory, into its reports folder; 2 (said why) when its input is bad."""
-    from harness.session.build import BadSetting
-
-    target = _value_of("--target", extra) or os.environ.get("HIL_TARGET", "").strip()
-    models = (_value_of("--model", extra) or os.environ.get("HIL_MODEL", "").strip()
-              or DEFAULT_MODEL)
-    stacks = [s.strip() for s in str(getattr(args, "stacks", "") or "default").split(",")
-              if s.strip()]
-    try:
-        # A seed of the day: each night searches other geometries, a night's search replays.
-        return check_search(
-            target=target, model=next((m.strip() for m in models.split(",") if m.strip()),
-                                      models),
-            stack=stacks[0] if stacks else "default",
-            faults=_values_of("--inject-fault", extra),
-            inventory=getattr(args, "inventory", "") or "", reports_dir=Path(args.reports_dir),
-            cache_dir=default_cache_dir(), budget=budget, seed=int(time.strftime("%Y%m%d")))
-    except (BadInput, BadSetting) as e:
-        print(f"hil nightly --explore: {e}", file=sys.stderr)
-        return 2
-
-
-def search_after_nightly(search: Search, nightly_code: int) -> int:
-    """Run a checked nightly search after the nightly's suites ended with ``nightly_code``
-    (not after pytest refused the arguments: they are the search's too); the nightly's exit
-    code: a finding fails a nightly that passed."""
-    from harness.staging.run_folder import ReportsBusy, reports_lock
-
-    if nightly_code == PYTEST_REFUSED:
-        print("hil nightly: pytest refused the arguments: the search (--explore) was not run",
-              file=sys.stderr)
-        return nightly_code
-    try:
-        with reports_lock(search.info.explore_dir.parent, "hil nightly --explore"):
-            explored = explore(search)
-    except ReportsBusy as e:
-        print(f"hil nightly --explore: {e}", file=sys.stderr)
-        explored = 2
-    return nightly_code or explored
-
-
-def _values_of(option: str, args: Sequence[str]) -> list[str]:
-    """Every value ``args`` give ``option`` (a repeatable one), in order."""
-    values = []
-    for i, a in enumerate(args):
-        if a == option and i + 1 < len(args):
-            values.append(args[i + 1])
-        elif a.startswith(option + "="):
-            values.append(a.split("=", 1)[1])
-    return values
-
-
-def _value_of(option: str, args: Sequence[str]) -> str:
-    """The value ``args`` give ``option`` (the last one), or ""."""
-    values = _values_of(option, args)
-    return values[-1] if values else ""
+    return 1 if tests else 0  # a flaky finding too: said as flaky above, never an all-clear

@@ -273,10 +273,12 @@ def finding_section(finding: Finding, test: Path, command: str) -> list[str]:
     return lines
 
 
-def write_findings(info: RunInfo, results: Sequence[tuple[str, SearchResult]]) -> list[Path]:
-    """Write findings.md and each finding's regression test into ``info.explore_dir``;
-    returns the regression tests written."""
-    out = info.explore_dir
+def write_findings(info: RunInfo, results: Sequence[tuple[str, SearchResult]],
+                   into: Path | None = None) -> list[Path]:
+    """Write findings.md and each finding's regression test into ``into`` (the staging
+    folder they are published from; default ``info.explore_dir``); returns the regression
+    tests as published, in ``info.explore_dir``, which is where the text cites them."""
+    out = into or info.explore_dir
     out.mkdir(parents=True, exist_ok=True)
     findings = [f for _, r in results for f in r.findings]
     faults = f"; faults injected: {', '.join(info.faults)}" if info.faults else ""
@@ -289,9 +291,9 @@ def write_findings(info: RunInfo, results: Sequence[tuple[str, SearchResult]]) -
     ]
     tests: list[Path] = []
     for finding in findings:
-        test = out / f"{test_name(finding)}.py"
+        test = info.explore_dir / f"{test_name(finding)}.py"
         command = regression_command(test, finding, info)
-        test.write_text(regression_test(finding, command), encoding="utf-8")
+        (out / test.name).write_text(regression_test(finding, command), encoding="utf-8")
         tests.append(test)
         lines += [*finding_section(finding, test, command), ""]
     lines += ["## The search", ""]

@@ -8,6 +8,12 @@ killed. A second signal kills the group at once. The caller learns which signal 
 run, writes its summary marked interrupted and exits 128 + the signal number (130, 143, 129),
 without a traceback.
 
+A child pytest runs by QUIET_PYTEST (``pytest_command``): it starts with SIGINT blocked, so
+a signal forwarded while the interpreter starts or pytest imports its plugins stays pending
+instead of raising a KeyboardInterrupt in the middle of an import (a traceback of 150 lines
+and more); it unblocks it under its own handler and ends quietly (exit 2, pytest's
+"interrupted") when it comes before pytest's session began.
+
 When ``hil`` itself dies without handling anything (SIGKILL, an OOM kill), the child is told
 by the kernel: on Linux it is started with PR_SET_PDEATHSIG = SIGTERM, which the harness's
 pytest plugin turns into the same session end as a Ctrl-C (its engines stop with it). Off
@@ -20,8 +26,10 @@ import errno
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -54,6 +62,77 @@ class ChildOutcome:
 
 def signal_name(signum: int | None) -> str:
     return SIGNAL_NAMES.get(signal.Signals(signum), signal.Signals(signum).name) if signum else ""
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal ending a command, raised in its main thread: ``signum``, and ``kept``,
+    one line saying what became of the command's report (``StagedReport``; "" before one)."""
+
+    def __init__(self, signum: int = signal.SIGINT, kept: str = "") -> None:
+        super().__init__(signal_name(signum))
+        self.signum = signum
+        self.kept = kept
+
+
+def signal_of(exc: BaseException | None) -> int:
+    """The signal a KeyboardInterrupt stands for: its own, else SIGINT (Python's Ctrl-C)."""
+    return getattr(exc, "signum", signal.SIGINT)
+
+
+def stopped_line(command: str, exc: BaseException) -> str:
+    """The one line of ``command`` ended by a stop signal: the signal, and what became of
+    its report (``Stopped.kept``; a command with none published nothing)."""
+    kept = getattr(exc, "kept", "") or "nothing of this run was published"
+    return f"{command}: stopped by {signal_name(signal_of(exc))}; {kept}"
+
+
+def say_stopped(command: str, exc: BaseException) -> int:
+    """Print ``command``'s one line for a stop (``stopped_line``) on stderr; returns its exit
+    code, 128 + the signal."""
+    print(stopped_line(command, exc), file=sys.stderr, flush=True)
+    return 128 + signal_of(exc)
+
+
+# A child pytest: ``python -m pytest ARGS`` run by the lines of QUIET_PYTEST (``python -c``:
+# nothing of the harness is imported before pytest, which rewrites its modules' asserts).
+# ChildRunner starts it with SIGINT blocked: a SIGINT forwarded while the interpreter starts
+# stays pending. Python's handler is installed and SIGINT unblocked before pytest is
+# imported: a pending one is raised at once, inside the ``try``. A KeyboardInterrupt that
+# leaves pytest came before its session began (in a session pytest ends the run itself,
+# writing its results): it ends the child quietly with pytest's exit code for an interrupted
+# run (2), and ``hil`` prints the one line of what it kept.
+QUIET_HEAD = "\n".join([
+    "import signal, sys",
+    "signal.signal(signal.SIGINT, signal.default_int_handler)",
+    "try:",
+    "    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})",
+    "    import runpy",
+])
+
+
+def _quiet(run: str) -> str:
+    return "\n".join([QUIET_HEAD, f"    {run}", "except KeyboardInterrupt:", "    sys.exit(2)"])
+
+
+QUIET_PYTEST = _quiet("runpy.run_module('pytest', run_name='__main__', alter_sys=True)")
+
+
+def is_quiet_child(cmd: list[str]) -> bool:
+    """Whether ``cmd`` runs as a quiet child (``pytest_command``, ``script_command``)."""
+    return cmd[1:2] == ["-c"] and len(cmd) > 2 and cmd[2].startswith(QUIET_HEAD)
+
+
+def script_command(script: Path, *args: str) -> list[str]:
+    """``python SCRIPT ARGS`` as a quiet child: stopped before its main runs, it ends with
+    exit 2 and no output."""
+    return [sys.executable, "-c", _quiet(f"runpy.run_path({str(script)!r}, run_name='__main__')"),
+            *args]
+
+
+def pytest_command(*args: str) -> list[str]:
+    """The command line of a child pytest: ``python -m pytest ARGS`` as QUIET_PYTEST runs it
+    (the same arguments, folder and exit codes)."""
+    return [sys.executable, "-c", QUIET_PYTEST, *args]
 
 
 def quiet_hung_up_terminal() -> list[int]:
@@ -137,16 +216,20 @@ class ChildRunner(_StopHandlers):
         self._send(signal.SIGKILL)
 
     def run(self, cmd: list[str], cwd: Path, stdout: IO[bytes] | None = None,
-            stderr: IO[bytes] | None = None, timeout: float | None = None) -> ChildOutcome:
+            stderr: IO[bytes] | None = None, timeout: float | None = None,
+            env: dict[str, str] | None = None) -> ChildOutcome:
         """Run ``cmd`` in its own process group until it ends (not at all once a signal
         stopped the run: exit code 2, pytest's for an interrupted session). The child gets
         SIGTERM when this thread ends (``die_with_parent``). ``stdout``/``stderr``: files for
-        its output (default this process's); past ``timeout`` seconds its group is killed
-        (``timed_out``)."""
+        its output (default this process's); ``env`` its environment (default this one's);
+        past ``timeout`` seconds its group is killed (``timed_out``)."""
         if self.signal is not None:
             return ChildOutcome(code=2, signal=self.signal, killed=self.killed)
         self.proc = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=stdout,
-                                     stderr=stderr, preexec_fn=die_with_parent())
+                                     stderr=stderr, env=env,
+                                     preexec_fn=_child_setup(is_quiet_child(cmd)))
+        if self.signal is not None:  # it came while the child started: not yet forwarded
+            self._send(signal.SIGINT)
         ends = None if timeout is None else time.monotonic() + timeout
         timed_out = False
         try:
@@ -167,6 +250,20 @@ class ChildRunner(_StopHandlers):
                 self.proc.wait()
         return ChildOutcome(code=code, signal=self.signal, killed=self.killed,
                             timed_out=timed_out)
+
+
+def _child_setup(quiet: bool) -> Callable[[], None] | None:
+    """The child's set-up between fork and exec: die with this thread (``die_with_parent``),
+    and for a quiet child SIGINT blocked (pending, not lost) until it unblocks it."""
+    dies = die_with_parent()
+    if not quiet:
+        return dies
+
+    def setup() -> None:
+        if dies is not None:
+            dies()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    return setup
 
 
 class StopSignals(_StopHandlers):
@@ -190,4 +287,4 @@ class StopSignals(_StopHandlers):
             quiet_hung_up_terminal()
         if self.signal is None:
             self.signal = signum
-        raise KeyboardInterrupt(signal_name(signum))
+        raise Stopped(signum)

@@ -13,10 +13,15 @@ previous results stay as they were.
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.lab.shard_plan import DURATIONS_FILE, DurationsError, load_durations
+from harness.plugin.option_needs import on_command_line
 from harness.report.run_config import INTERRUPTED_KEY, format_properties, read_properties
 from harness.report.stack_summary import interrupted_line, write_run_summary
 from harness.report.summary import write_text_safely
@@ -25,6 +30,7 @@ from harness.staging.run_folder import (
     INCOMPLETE_PREFIX,
     INTERRUPTED_PREFIX,
     discard,
+    keep_partial,
     partial_folder,
     publish,
     result_count,
@@ -113,3 +119,43 @@ def finish(run: StagedRun) -> tuple[int, list[str]]:
     return code, [f"hil run: {why}; the partial results are kept in {target} (summary.md marked"
                   f" INTERRUPTED); make their report with `hil report --reports-dir {target}`;"
                   f" {kept_line(run.reports)}"]
+
+
+def after_os_error(run: StagedRun | None, reports: Path) -> str:
+    """What became of a run whose outputs could not be written."""
+    if run is None or not run.staging.exists():
+        return f"the previous results in {reports} are kept"
+    if result_count(run.results):
+        try:
+            kept = keep_partial(run.staging, reports, INCOMPLETE_PREFIX)
+        except OSError:
+            kept = run.staging
+        return (f"this run's results are kept in {kept}; the previous results in {reports}"
+                " are kept")
+    discard(run.staging)
+    return f"the previous results in {reports} are kept"
+
+
+def durations_args(reports: Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """pytest plans shards by REPORTS_DIR/durations.json by default; the run's reports dir is
+    its staging folder, so the published one is named (unless one is given, or it is
+    unreadable: then, as pytest does with its default, a warning and the plan goes by count)."""
+    given = (getattr(args, "shard_durations", "") or os.environ.get("HIL_SHARD_DURATIONS")
+             or any(a.startswith("--shard-durations") for a in extra))
+    default = reports / DURATIONS_FILE
+    if given or not default.is_file():
+        return []
+    try:
+        load_durations(default)
+    except DurationsError as e:
+        print(f"hil run: warning: {e}; ignored: shards are planned by test count",
+              file=sys.stderr)
+        return []
+    return [f"--shard-durations={default}"]
+
+
+def sharded(args: argparse.Namespace, extra: list[str]) -> bool:
+    """Whether the run's pytest is given a shard (``hil nightly --shard``, a ``--shard``
+    among the pytest arguments, or HIL_SHARD, pytest's variable for it)."""
+    return bool(getattr(args, "shard", "") or on_command_line("--shard", extra)
+                or os.environ.get("HIL_SHARD", "").strip())

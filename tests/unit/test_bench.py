@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 from typing import Any
 
 from harness.core.paths import REPO_ROOT
@@ -28,6 +29,14 @@ def _no_models(monkeypatch: Any) -> None:
     monkeypatch.setattr(fixtures.models, "build_model", lambda name, cache: cache / name)
 
 
+def _record(out: Path) -> dict[str, Any]:
+    """The figures of a bench whose timed runs failed: its own record, bench-<time>.json
+    (latest.json, the earlier bench's, is not replaced by figures that are not valid)."""
+    assert not (out / "latest.json").exists()
+    (record,) = [p for p in out.glob("bench-*.json") if p.is_file()]
+    return json.loads(record.read_text())
+
+
 def test_a_failing_part_makes_the_bench_exit_non_zero(tmp_path, monkeypatch, capsys):
     bench = load_bench()
     _no_models(monkeypatch)
@@ -37,7 +46,7 @@ def test_a_failing_part_makes_the_bench_exit_non_zero(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(bench, "probe_overhead", broken)
     assert bench.main(["--parts", "probes", "--out", str(tmp_path)]) == 1
-    result = json.loads((tmp_path / "latest.json").read_text())
+    result = _record(tmp_path)
     assert result["failures"] == ["probes: RuntimeError: engine died"]
     assert "timed runs failed" in capsys.readouterr().err
 
@@ -55,7 +64,7 @@ def test_a_failing_suite_run_makes_the_bench_exit_non_zero(tmp_path, monkeypatch
 
     monkeypatch.setattr(bench, "pytest_run", run)
     assert bench.main(["--parts", "runs,mission", "--out", str(tmp_path)]) == 1
-    failures = json.loads((tmp_path / "latest.json").read_text())["failures"]
+    failures = _record(tmp_path)["failures"]
     assert failures == ["run warm: exit 1 [1 failed]", "mission warm: exit 1 [1 failed]"]
 
 
@@ -132,7 +141,7 @@ def test_the_triage_part_makes_no_figures_when_nothing_was_triaged(tmp_path, mon
 
     monkeypatch.setattr(bench, "pytest_run", run)
     assert bench.main(["--parts", "triage", "--out", str(tmp_path)]) == 1
-    result = json.loads((tmp_path / "latest.json").read_text())
+    result = _record(tmp_path)
     assert "triage_s_per_failure" not in result["triage"]
     assert result["failures"] == ["triage: no failure was triaged (the statistics hold no triage):"
                                   " the session does not triage this failure"]
@@ -163,7 +172,7 @@ def test_the_mission_part_reports_the_triage_seconds_of_a_green_run(tmp_path, mo
 
     monkeypatch.setattr(bench, "pytest_run", run)
     assert bench.main(["--parts", "mission", "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "latest.json").read_text())
+    result = json.loads((tmp_path / "latest.json").read_text())  # published: nothing failed
     assert result["green_run_triage_s"] == {"cold": 26.1, "warm": 0.02, "warm -n 2": 0.01}
     assert args["mission warm"] == ["suites", "-m", "cpu"]
     assert args["mission warm -n 2"] == ["suites", "-m", "cpu", "-n", "2"]

@@ -7,6 +7,7 @@ import pytest
 
 from harness import cli
 from harness.report.generate import ReportToolMissing, find_tool
+from harness.staging.staged_run import durations_args
 from tests.bad_input import INV, assert_nothing_lost, earlier_run, write
 
 
@@ -81,8 +82,8 @@ def test_hil_run_plans_shards_by_the_published_durations(tmp_path, capsys, monke
     monkeypatch.delenv("HIL_SHARD_DURATIONS", raising=False)
     args = argparse.Namespace(shard_durations="")
     durations = write(tmp_path, "durations.json", '{"tests": {"t.py::a": 1.5}}')
-    assert cli._durations_args(tmp_path, args, []) == [f"--shard-durations={durations}"]
-    assert cli._durations_args(tmp_path, args, ["--shard-durations=d.json"]) == []
+    assert durations_args(tmp_path, args, []) == [f"--shard-durations={durations}"]
+    assert durations_args(tmp_path, args, ["--shard-durations=d.json"]) == []
     durations.write_text("{not json")
-    assert cli._durations_args(tmp_path, args, []) == []
+    assert durations_args(tmp_path, args, []) == []
     assert "hil run: warning: " in capsys.readouterr().err

@@ -2,16 +2,16 @@
 starts in, configured by that folder's pytest.ini alone; the suites' folder, installed or not."""
 
 import os
-import sys
 
 from harness import cli
 from harness.core import paths
 from harness.plugin.activation import in_suites
+from harness.staging.interrupt import pytest_command
 
 
 def test_the_command_asks_for_the_harness_and_runs_the_suites(tmp_path):
     cmd = cli.suites_command(["-m", "spyre", "--require-device"], tmp_path)
-    assert cmd[:5] == [sys.executable, "-m", "pytest", "-p", "vllm_hil"]
+    assert cmd[:5] == [*pytest_command(), "-p", "vllm_hil"]  # python -m pytest, stopped quietly
     assert cmd[-3:] == ["-m", "spyre", "--require-device"]
     assert str(paths.SUITES_DIR) in cmd
     assert in_suites([str(paths.SUITES_DIR)], tmp_path)
@@ -20,10 +20,10 @@ def test_the_command_asks_for_the_harness_and_runs_the_suites(tmp_path):
     assert f"--confcutdir={paths.SUITES_DIR}" in cmd
     assert f"cache_dir={tmp_path / '.pytest_cache'}" in cmd
     # no pytest.ini here: pytest's defaults, not an ini above the suites (a checkout's)
-    assert cmd[cmd.index("-c") + 1] == os.devnull
+    assert cmd[cmd.index("-c", 3) + 1] == os.devnull
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     cmd = cli.suites_command([], tmp_path)
-    assert cmd[cmd.index("-c") + 1] == str(tmp_path / "pytest.ini")
+    assert cmd[cmd.index("-c", 3) + 1] == str(tmp_path / "pytest.ini")
 
 
 def test_the_suites_are_the_checkouts_here_and_the_distributions_data_installed():

@@ -78,7 +78,7 @@ def test_a_triage_prints_its_table_in_a_folder_of_its_own(tmp_path, monkeypatch,
     assert f"triage of token_equality: {BATCH_VERDICT}" in out
     assert "| batching | alone (r0) |" in out
     (cmd,) = ran
-    folder = Path(cmd[cmd.index("-m") + 3].split("=", 1)[1]).parent
+    folder = Path(cmd[4].split("=", 1)[1]).parent  # python -c QUIET_PYTEST NODEID --alluredir=
     assert folder.parent == tmp_path / "triage" and folder.name.endswith("-t.py-b")
     assert "--triage-budget=99" in cmd and cmd[-2:] == ["--model", "tiny-llama"]
     for path, data in earlier.items():  # the published run is left as it was

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.scenario.model_folder import ModelFolderError, check_config_file
+from harness.staging.staged_report import StagedReport
 
 PLUGIN = "sendnn_inference"
 TKV_LIMIT_ENV = "VLLM_DT_MAX_BATCH_TKV_LIMIT"
@@ -299,19 +300,30 @@ def registry_command(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"hil registry: {e}; nothing was written", file=sys.stderr)
         return 2
     if not rows:  # shapes_problem leaves none; an empty table would pass for a checked one
-        print("hil registry: no registered shape to table; nothing was written", file=sys.stderr)
+        print("hil registry: no registered shape to table; nothing was written (an earlier"
+              f" registry.md stays as it was in {Path(args.reports_dir) / 'registry'})",
+              file=sys.stderr)
         return 2
     table = format_rows(rows)
     print(table)
-    out = Path(args.reports_dir) / "registry"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "registry.md").write_text(table + "\n")
-    (out / "registry.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    staged = write_registry(Path(args.reports_dir) / "registry", table, rows)
     failed = [r for r in rows if r.problem]
     built = [r for r in rows if r.matched or r.problem]
     print(f"hil registry: {len(rows)} shape(s), {len(built)} built through the plugin's"
-          f" configuration step, {len(failed)} not as declared; table in {out / 'registry.md'}")
+          f" configuration step, {len(failed)} not as declared; {staged.line}")
     return 1 if failed else 0
+
+
+def write_registry(out: Path, table: str, rows: list[RegistryRow]) -> StagedReport:
+    """registry.md and registry.json into ``out``, staged and published together (a run
+    stopped while writing leaves the earlier ones as they were; the command refuses an empty
+    table before it writes anything)."""
+    with StagedReport(out, "registry", "registry.md") as staged:
+        (staged.staging / "registry.md").write_text(table + "\n")
+        (staged.staging / "registry.json").write_text(json.dumps([asdict(r) for r in rows],
+                                                                 indent=1))
+        staged.complete()
+    return staged
 
 
 def add_registry_parser(sub: Any, root: Path) -> None:

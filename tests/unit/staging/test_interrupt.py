@@ -48,6 +48,9 @@ FAKE_CHILD = textwrap.dedent("""
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, record)
+    # Started as a child pytest (interrupt.pytest_command), SIGINT comes
+    # blocked: unblocked under the handler, as QUIET_PYTEST does.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if role == "child":
         grandchild = subprocess.Popen([sys.executable, __file__, str(marks), "grandchild", mode],
                                       preexec_fn=die_with_parent(signal.SIGKILL))
@@ -338,6 +341,9 @@ def test_a_stopped_selftest_stops_its_child_and_marks_its_table(tmp_path):
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {marks / 'fake_child.py'} {marks}"
                        " child obedient\n")
     wrapper.chmod(0o755)
+    earlier = reports / "selftest" / "selftest.md"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"# hil selftest\n\nthe earlier, complete table\n")
     proc = subprocess.Popen([sys.executable, "-c", SELFTEST, str(marks), str(reports)],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -351,8 +357,13 @@ def test_a_stopped_selftest_stops_its_child_and_marks_its_table(tmp_path):
     assert "hil selftest: stopped by SIGHUP after 0 of 2 case(s)" in err and "Traceback" not in err
     _assert_all_gone(pids)
     assert _signals(marks, "child") == ["SIGINT"]
-    table = (reports / "selftest" / "selftest.md").read_text()
+    # The earlier table stays; the stopped run's is kept apart, marked, and the line says so.
+    assert earlier.read_bytes() == b"# hil selftest\n\nthe earlier, complete table\n"
+    (kept,) = (reports / "selftest").glob("selftest-interrupted-*/selftest.md")
+    table = kept.read_text()
     assert table.startswith("**INTERRUPTED**: stopped by SIGHUP after 0 of 2 case(s)")
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("hil selftest: stopped by")]
+    assert f"kept the earlier selftest.md at {earlier}" in line and str(kept.parent) in line
     assert not (reports / "allure-results").exists()  # no verdict on faults not run
 
 
@@ -436,3 +447,29 @@ def test_sighup_ends_a_direct_pytest_run_as_a_ctrl_c_does(tmp_path):
     assert "KeyboardInterrupt" in out and "INTERNALERROR" not in out
     assert "signal 1 (SIGHUP)" in out
     assert "1 passed" in out and junit.is_file()
+
+
+# ---------------------------------------------------------------- a stop is never lost
+
+
+def test_a_stop_while_a_fork_server_starts_is_not_turned_into_its_failure(tmp_path):
+    """A stop signal while hil explore's session waits for its fork server used to come out
+    as an OSError (the listener's socket unlinked after its folder was removed), which the
+    session took for a broken fork server: it started the engine fresh and the search ran on,
+    the Ctrl-C lost. The stop must leave the start as what it is."""
+    import threading
+
+    from harness.engine.forkserver import ForkServer
+    from harness.staging.interrupt import Stopped, StopSignals
+
+    never_ready = tmp_path / "python"  # a fork server that never connects
+    never_ready.write_text("#!/bin/sh\nexec sleep 60\n")
+    never_ready.chmod(0o755)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    with StopSignals(), pytest.raises(Stopped) as stop:
+        timer.start()
+        ForkServer.start(str(never_ready), dict(os.environ), str(tmp_path), tmp_path / "fs.log")
+    timer.cancel()
+    assert stop.value.signum == signal.SIGTERM
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(never_ready) in " ".join(p.info["cmdline"] or [])]
