@@ -150,7 +150,7 @@ COMMAND_INDEPENDENT: dict[str, frozenset[str]] = {
     "registry": frozenset({"--model", "--tp", "--reports-dir"}),
     "explore": frozenset({"--target", "--model", "--stack", "--budget", "--seed",
                           "--shrink-budget", "--reports-dir", "--cache-dir", "--inject-fault",
-                          "--inventory", "--engine-timeout", "--tensor-parallel"}),
+                          "--inventory", "--engine-timeout", "--tensor-parallel", "--confirm"}),
 }
 
 _FRESH = ("it writes each run into a fresh folder and replaces the previous results only when"
