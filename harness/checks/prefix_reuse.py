@@ -41,8 +41,8 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from harness.checks.computed import ComputedTokens
-from harness.core.trace import SOURCE_VLLM_SCHEDULER, KvSnapshot, Trace
+from harness.checks.computed import ComputedTokens, scheduler_pool
+from harness.core.trace import KvSnapshot, Trace
 from harness.core.verdict import FULL_BATCH, KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict
 from harness.render.ledger_table import format_step_table
 
@@ -108,9 +108,7 @@ def _serving(trace: Trace, prompts: Mapping[str, Sequence[int]] | None = None
     seqs.update({r: [*t.prompt_token_ids, *t.token_ids] for r, t in ran.items()})
     out = {r: Served(r, len(t.prompt_token_ids), t.num_cached_tokens, steps=[])
            for r, t in ran.items()}
-    pool = _pool(trace)
-    computed = ComputedTokens({r: t.num_cached_tokens for r, t in ran.items()},
-                              int(pool.block_size or 0) if pool is not None else 0)
+    computed = ComputedTokens.of(trace)
     for record in trace.steps:
         computed.preempted(record.preempted)
         for r, n in record.executed.items():
@@ -143,11 +141,7 @@ def _serving(trace: Trace, prompts: Mapping[str, Sequence[int]] | None = None
 
 def _pool(trace: Trace) -> KvSnapshot | None:
     """The scheduler's pool snapshot: its block size, whether prefix caching is on, the chunk."""
-    for record in trace.ledger_steps():
-        for s in record.kv:
-            if s.source == SOURCE_VLLM_SCHEDULER and s.block_size:
-                return s
-    return None
+    return scheduler_pool(trace)
 
 
 def _judge(s: Served, block_size: int, chunk: int | None) -> list[str]:
