@@ -9,6 +9,10 @@ chunk alignment allows and run one prefill step per chunk left (the rules:
 harness.checks.prefix_reuse). Every KV ledger invariant holds (shared blocks counted once per
 holder), and the tokens still equal the reference. The prompts are slices of the corpus
 (not a repeated sentence), so a position computed from the wrong cache would change a token.
+
+A request aborted mid-decode has cached the block its first output tokens filled: a later
+prompt that starts with its prompt and those tokens is served that block, which the
+expectation knows from the aborted request's computed tokens (its prompt one short of a block).
 """
 
 import pytest
@@ -16,6 +20,7 @@ import pytest
 from harness.checks.prefix_reuse import check_prefix_reuse, check_prefix_served
 from harness.core.paths import FIXTURES
 from harness.scenario.prompts import EngineLimits, RequestSpec, Scenario
+from harness.targets import kind
 from harness.targets.geometry import FULL_BATCH
 
 pytestmark = [pytest.mark.block_freeing, pytest.mark.nightly, pytest.mark.timeout(1800),
@@ -59,6 +64,32 @@ def prefix_scenario(tokenizer) -> Scenario:
                           "max_num_seqs": LIMITS.max_num_seqs})
 
 
+ABORT_STEP = 6  # "gone" prefilled at step 0, has run 5 of its output tokens when aborted
+SHARED_OUTPUT = 4  # of its output tokens, the later prompt starts with this many
+
+
+def aborted_scenario(hil, model, block_size: int) -> Scenario:
+    """"gone", a prompt one token short of a block, aborted before step ``ABORT_STEP``; then
+    "after", whose prompt is gone's, its first output tokens (the reference's greedy ones,
+    which the engine computes too) and more text: it shares a whole block with what gone
+    computed only through gone's output."""
+    prompt = corpus_tokens(model.tokenizer, "lab")[:block_size - 1]
+    alone = RequestSpec(request_id="gone", prompt_token_ids=tuple(prompt),
+                        max_tokens=SHARED_OUTPUT)
+    ref = hil.reference(model, Scenario("prefix-after-abort-reference", [alone], LIMITS))
+    after = [*prompt, *ref.requests["gone"].token_ids,
+             *corpus_tokens(model.tokenizer, "weather")[:block_size + 20]]
+    requests = [
+        RequestSpec(request_id="gone", prompt_token_ids=tuple(prompt), max_tokens=32,
+                    abort_step=ABORT_STEP, prompt_text=model.tokenizer.decode(prompt)),
+        RequestSpec(request_id="after", prompt_token_ids=tuple(after), max_tokens=MAX_TOKENS,
+                    arrival_step=ABORT_STEP + 2, prompt_text=model.tokenizer.decode(after)),
+    ]
+    return Scenario("prefix-after-abort", requests, LIMITS,
+                    tags={"scenario": "prefix-after-abort", "batch_size": len(requests),
+                          "max_num_seqs": LIMITS.max_num_seqs})
+
+
 @pytest.mark.hil_first_model  # one engine of its own per variant: one model keeps CI cost small
 def test_prompt_served_again_is_served_from_the_cache(hil, model, target_variant):
     scenario = prefix_scenario(model.tokenizer)
@@ -69,3 +100,20 @@ def test_prompt_served_again_is_served_from_the_cache(hil, model, target_variant
 
     hil.expect(check_prefix_served(trace), check_prefix_reuse(trace), hil.check_ledger(trace),
                hil.check_tokens(model, scenario, trace), trace=trace)
+
+
+@pytest.mark.hil_first_model
+def test_an_aborted_requests_output_is_served_from_the_cache(hil, model, target_variant):
+    """The block an aborted request's output filled is served to a later prompt sharing it."""
+    # the block size of the pool the harness sizes (FULL_BATCH), as the stack's vLLM takes it
+    block_size = hil.block_size(target_variant, kind(target_variant.target).sized_pool_geometry)
+    assert block_size, f"{target_variant.id}'s sized pool has no block size"
+    scenario = aborted_scenario(hil, model, block_size)
+    engine = hil.engine_config(target_variant, model, scenario, pool=FULL_BATCH,
+                               prefix_caching=True)
+
+    trace = hil.run_steps(engine, scenario)
+
+    hil.expect(check_prefix_served(trace), check_prefix_reuse(trace), hil.check_ledger(trace),
+               hil.check_aborts(scenario, trace), hil.check_tokens(model, scenario, trace),
+               trace=trace)

@@ -143,7 +143,7 @@ def _taken(trace: Trace, prev: StepRecord, s: KvSnapshot, req_id: str) -> tuple[
     own = s.owned.get(req_id, [])
     shared = len([b for b in own if b in others])  # prefix-cache hits on running requests' blocks
     need = request_need(trace, req_id, s.block_size)
-    req = trace.requests.get(req_id)
+    req = trace.ran().get(req_id)
     if need is not None and req is not None:
         total = len(req.prompt_token_ids) + (req.max_tokens or 0)
         how = f"needs ceil({total}/{s.block_size}) = {_count(need)}"
@@ -355,7 +355,7 @@ def admission_details(trace: Trace, violations: list[Violation]) -> list[str]:
     invariant is among ``violations``; nothing otherwise."""
     if not any(v.invariant in ADMISSION_INVARIANTS for v in violations):
         return []
-    ids = set(trace.requests) | {r for s in trace.steps for r in (*s.waiting, *s.running)}
+    ids = set(trace.ran()) | {r for s in trace.steps for r in (*s.waiting, *s.running)}
     return ["requests (admission):", *admission_lines(trace, ids)[:MAX_REQUEST_LINES]]
 
 

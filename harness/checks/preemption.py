@@ -116,7 +116,9 @@ def recomputed_tokens(trace: Trace) -> dict[str, int] | None:
 def count_preemptions(trace: Trace) -> PreemptionCount:
     """The four preemption signals of a step-driven trace."""
     metric = trace.metrics.get(PREEMPTION_METRIC)
-    per_request = {rid: r.num_preemptions for rid, r in trace.requests.items()}
+    # an aborted request's preemptions count too; its tokens run again do not (``recomputed``
+    # needs the whole output: one aborted before or during its prompt ran fewer than that)
+    per_request = {rid: r.num_preemptions for rid, r in trace.ran().items()}
     per_step = {s.step: list(s.preempted) for s in trace.steps if s.preempted}
     paused = {s.step: list(s.paused) for s in trace.steps if s.paused}
     return PreemptionCount(metric=metric, per_request=per_request, per_step=per_step,

@@ -7,13 +7,13 @@ and sendnn-inference 2.6.3 and computed here from the trace's own numbers:
 
 - **Reported cached tokens** (``RequestTrace.num_cached_tokens``, vLLM's): whole blocks. A
   block is a hit when every token of it, and of every block before it, equals a block an
-  earlier request of the run had computed by the time this one started (its prompt, and its
-  output tokens it had run); the prompt's last token is always computed, so at most
-  ``(prompt_len - 1) // block_size`` blocks. vLLM caches a block when it schedules its tokens,
-  so a request scheduled before this one in the same step counts with that step's tokens.
-  Without prefix caching, nothing is cached; a request that shares no prefix with an earlier
-  one is served nothing from the cache (an aborted request's computed blocks count: its
-  prompt comes from the caller, since the trace holds no output of it). (sendnn-inference's
+  earlier request of the run had computed by the time this one started: its prompt, and the
+  output tokens it had run, an aborted or preempted request's included (``Trace.ran``, counted
+  from the executed tokens per step by ``harness.checks.computed``); the prompt's last token
+  is always computed, so at most ``(prompt_len - 1) // block_size`` blocks. vLLM caches a
+  block when it schedules its tokens, so a request scheduled before this one in the same step
+  counts with that step's tokens. Without prefix caching, nothing is cached; a request that
+  shares no prefix with an earlier one is served nothing from the cache. (sendnn-inference's
   scheduler is vLLM's here: it reports the same block hit.)
 - **Executed prompt tokens** (``StepRecord.executed``: the tokens the executor was handed per
   request, by vLLM's scheduler, at the steps that ran its prompt, ``StepRecord.prefilled``):
@@ -41,7 +41,8 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from harness.core.trace import SOURCE_VLLM_SCHEDULER, KvSnapshot, Trace
+from harness.checks.computed import ComputedTokens, scheduler_pool
+from harness.core.trace import KvSnapshot, Trace
 from harness.core.verdict import FULL_BATCH, KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict
 from harness.render.ledger_table import format_step_table
 
@@ -97,35 +98,37 @@ class Served:
 
 def _serving(trace: Trace, prompts: Mapping[str, Sequence[int]] | None = None
              ) -> dict[str, Served]:
-    """Each finished request's prompt as the run served it, with its best earlier sharer;
-    ``prompts`` gives the prompts of requests the trace holds no output of (aborted ones),
-    which computed blocks others can be served."""
-    requests = trace.requests
-    seqs = {r: list(p) for r, p in (prompts or {}).items() if r not in requests}
-    seqs.update({r: [*t.prompt_token_ids, *t.token_ids] for r, t in requests.items()})
-    computed: dict[str, int] = {}
+    """Each request's prompt as the run served it (the finished ones and the aborted ones,
+    ``Trace.ran``), with its best earlier sharer. An earlier request shares the tokens of its
+    prompt and output whose KV it had computed by then (``computed_tokens``). ``prompts`` gives
+    the prompts of requests the trace holds nothing of (a trace recorded without its aborted
+    requests), which computed blocks others can be served."""
+    ran = trace.ran()
+    seqs = {r: list(p) for r, p in (prompts or {}).items() if r not in ran}
+    seqs.update({r: [*t.prompt_token_ids, *t.token_ids] for r, t in ran.items()})
     out = {r: Served(r, len(t.prompt_token_ids), t.num_cached_tokens, steps=[])
-           for r, t in requests.items()}
+           for r, t in ran.items()}
+    computed = ComputedTokens.of(trace)
     for record in trace.steps:
+        computed.preempted(record.preempted)
         for r, n in record.executed.items():
             s = out.get(r)
             if s is not None and s.start is None:
                 s.start = record.step
-                for e, c in computed.items():
+                for e, c in computed.high.items():
                     if e == r or e not in seqs:
                         continue
-                    shared = shared_prefix(list(requests[r].prompt_token_ids), seqs[e][:c])
+                    shared = shared_prefix(list(ran[r].prompt_token_ids), seqs[e][:c])
                     if shared > s.shared:
                         s.sharer, s.shared = e, shared
-                computed[r] = s.reported
             # the engine's own record of the prompts the step ran, where the step has one
             prefill = (r in record.prefilled if record.prefilled is not None
-                       else computed.get(r, 0) < (s.prompt_len if s is not None else 0))
+                       else computed.high.get(r, 0) < (s.prompt_len if s is not None else 0))
             if s is not None and prefill:
                 s.executed += n
                 assert s.steps is not None
                 s.steps.append(record.step)
-            computed[r] = computed.get(r, 0) + n  # scheduled now: cached for those after it
+            computed.ran(r, n)  # scheduled now: cached for those after it
     for s in out.values():
         for k in trace.ledger_steps():
             cached = next((v.runner_cached[s.request_id] for v in k.kv
@@ -138,11 +141,7 @@ def _serving(trace: Trace, prompts: Mapping[str, Sequence[int]] | None = None
 
 def _pool(trace: Trace) -> KvSnapshot | None:
     """The scheduler's pool snapshot: its block size, whether prefix caching is on, the chunk."""
-    for record in trace.ledger_steps():
-        for s in record.kv:
-            if s.source == SOURCE_VLLM_SCHEDULER and s.block_size:
-                return s
-    return None
+    return scheduler_pool(trace)
 
 
 def _judge(s: Served, block_size: int, chunk: int | None) -> list[str]:
@@ -198,10 +197,10 @@ def check_prefix_reuse(trace: Trace, chunk: int | None = None,
     request of the run (0 without prefix caching), its executed prompt tokens the rest, and
     where the runner says what it took from the cache (sendnn-inference 2.x), that amount and
     its prefill steps as chunk alignment allows. ``chunk`` is the prefill chunk in tokens
-    (default: the one the scheduler recorded); ``judged``: the requests judged (default all;
-    every request of the run counts as an earlier sharer): a run that aborts some judges the
-    others; ``prompts``: the prompts of the requests the trace holds no output of (an aborted
-    request's computed blocks serve later ones too)."""
+    (default: the one the scheduler recorded); ``judged``: the requests judged (default the
+    finished ones, ``Trace.requests``; every request of the run, an aborted one included, counts
+    as an earlier sharer with the tokens it computed); ``prompts``: the prompts of requests the
+    trace holds nothing of (a trace recorded without its aborted requests)."""
     pool = _pool(trace)
     if pool is None or not any(s.executed for s in trace.steps):
         return Verdict.failed(KV_LEDGER_UNRECORDED, "prefix reuse: the trace records no"
@@ -209,9 +208,8 @@ def check_prefix_reuse(trace: Trace, chunk: int | None = None,
     bs = int(pool.block_size or 0)
     chunk = chunk or next((v.chunk_size for r in trace.ledger_steps() for v in r.kv
                            if v.chunk_size), None)
-    served = _serving(trace, prompts)
-    if judged is not None:
-        served = {r: s for r, s in served.items() if r in judged}
+    judged = trace.requests if judged is None else judged  # finished ones: aborted ones left
+    served = {r: s for r, s in _serving(trace, prompts).items() if r in judged}
     for s in served.values():
         s.expected = block_hit(s.shared, s.prompt_len, bs) if pool.prefix_caching else 0
     problems = [(s, p) for s in sorted(served.values(), key=lambda x: (x.start or 0))
@@ -236,7 +234,7 @@ def check_prefix_served(trace: Trace) -> Verdict:
     run: what the run itself cached cannot be told apart then)."""
     pool = _pool(trace)
     bs = int(pool.block_size or 0) if pool is not None else 0
-    served = _serving(trace) if bs else {}
+    served = ({r: s for r, s in _serving(trace).items() if r in trace.requests} if bs else {})
     hits = sorted(r for r, s in served.items()
                   if s.sharer is not None and block_hit(s.shared, s.prompt_len, bs) > 0)
     inherited = sorted(f"{r} ({s.reported} tokens)" for r, s in served.items()

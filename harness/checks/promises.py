@@ -148,8 +148,8 @@ def blocks_to_serve(prompt_len: int, max_tokens: int, block_size: int) -> int:
 
 def request_need(trace: Trace, req_id: str, block_size: int | None) -> int | None:
     """``blocks_to_serve`` of request ``req_id``; None where the trace lacks its max_tokens
-    (a trace recorded before they were, a request with no final output)."""
-    req = trace.requests.get(req_id)
+    (a trace recorded before they were); an aborted request is judged too (``Trace.ran``)."""
+    req = trace.ran().get(req_id)
     if req is None or req.max_tokens is None or not block_size:
         return None
     return blocks_to_serve(len(req.prompt_token_ids), req.max_tokens, block_size)
@@ -166,7 +166,7 @@ def check_promise_exact(trace: Trace, step: int, s: KvSnapshot) -> list[Violatio
         if s.serving is not None and req_id not in s.serving:
             continue  # a leaked reservation: ``promises`` reports it
         need = request_need(trace, req_id, s.block_size)
-        req = trace.requests.get(req_id)
+        req = trace.ran().get(req_id)
         if need is None or req is None:
             continue
         owned = len(s.owned.get(req_id, []))

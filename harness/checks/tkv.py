@@ -50,6 +50,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from harness.checks.computed import ComputedTokens
 from harness.core.trace import KvSnapshot, StepRecord, Trace
 from harness.core.verdict import KV_LEDGER, KV_LEDGER_UNRECORDED, Verdict, Violation
 
@@ -102,28 +103,30 @@ class StepState:
 
 def step_states(trace: Trace) -> list[StepState]:
     """Every engine step of ``trace`` with its requests' lengths and its kind (the step's own
-    record of the requests it prefilled, ``StepRecord.prefilled``, where it has one)."""
-    prompts = {r: len(t.prompt_token_ids) for r, t in trace.requests.items()}
-    cached = {r: t.num_cached_tokens for r, t in trace.requests.items()}
-    computed: dict[str, int] = {}
+    record of the requests it prefilled, ``StepRecord.prefilled``, where it has one). Every
+    request the run ran has a length, an aborted one included (``Trace.ran``); a preempted
+    one's is counted again from where it computes again (``harness.checks.computed``)."""
+    ran = trace.ran()
+    prompts = {r: len(t.prompt_token_ids) for r, t in ran.items()}
+    computed = ComputedTokens.of(trace)
     out: list[StepState] = []
     previous = trace.initial
-    known = frozenset(trace.requests)
+    known = frozenset(ran)
     for record in trace.steps:
-        for r in record.executed:
-            computed.setdefault(r, cached.get(r, 0))
-        state = StepState(record, previous, before=dict(computed), known=known)
+        computed.preempted(record.preempted)
+        before = {**computed.position, **{r: computed.start(r) for r in record.executed}}
+        state = StepState(record, previous, before=before, known=known)
         if record.prefilled:
             state.kind = PREFILL
         elif record.executed:
             if any(r not in known for r in record.executed):
                 state.kind = UNKNOWN  # no length to judge it by
-            elif any(computed[r] < prompts[r] for r in record.executed):
+            elif any(before[r] < prompts[r] for r in record.executed):
                 state.kind = PREFILL
             else:
                 state.kind = DECODE
         for r, n in record.executed.items():
-            computed[r] += n
+            computed.ran(r, n)
         out.append(state)
         previous = record
     return out
@@ -219,11 +222,12 @@ class Admission:
         seqs, length = trace.info.get("max_num_seqs"), trace.info.get("max_model_len")
         if not seqs or not length:
             return None
+        ran = trace.ran()  # an aborted request was a newcomer or in the batch as any other
         sent = {r: t.max_tokens if t.max_tokens is not None else len(t.steps)
-                for r, t in trace.requests.items()
+                for r, t in ran.items()
                 if t.max_tokens is not None or t.finish_reason == "length"}
         return cls(int(seqs), int(length),
-                   {r: len(t.prompt_token_ids) for r, t in trace.requests.items()}, sent)
+                   {r: len(t.prompt_token_ids) for r, t in ran.items()}, sent)
 
 
 def _held_back_reason(state: StepState, adm: Admission, kinds: dict[int, str]) -> str | None:

@@ -132,6 +132,7 @@ def request_to_dict(r: RequestTrace) -> dict[str, Any]:
         "num_cached_tokens": r.num_cached_tokens,
         # only where recorded: the reference cache's entries keep their shape
         **({} if r.max_tokens is None else {"max_tokens": r.max_tokens}),
+        **({} if r.aborted_at is None else {"aborted_at": r.aborted_at}),
     }
 
 
@@ -153,6 +154,7 @@ def request_from_dict(d: Mapping[str, Any]) -> RequestTrace:
         finish_reason=d.get("finish_reason"),
         num_cached_tokens=int(d.get("num_cached_tokens", 0)),
         max_tokens=_opt_int(d.get("max_tokens")),
+        aborted_at=_opt_int(d.get("aborted_at")),
     )
 
 
@@ -166,6 +168,7 @@ def trace_to_dict(t: Trace) -> dict[str, Any]:
         "metrics": dict(t.metrics),
         "info": dict(t.info),
         "forced": {k: request_to_dict(v) for k, v in t.forced.items()},
+        **({"aborted": {k: request_to_dict(v) for k, v in t.aborted.items()}} if t.aborted else {}),
     }
 
 
@@ -181,6 +184,7 @@ def trace_from_dict(d: Mapping[str, Any]) -> Trace:
         metrics={str(k): float(v) for k, v in d.get("metrics", {}).items()},
         info=dict(d.get("info", {})),
         forced={str(k): request_from_dict(v) for k, v in d.get("forced", {}).items()},
+        aborted={str(k): request_from_dict(v) for k, v in d.get("aborted", {}).items()},
     )
     expand_deltas(trace)
     return trace

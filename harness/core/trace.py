@@ -71,11 +71,13 @@ class RequestTrace:
     # The max_tokens the request was sent with (step-driven runs record it); None where the
     # trace does not say, and the checks that need it say nothing.
     max_tokens: int | None = None
+    # The step just before which the harness aborted the request (``Trace.aborted``): its
+    # ``steps`` are then the tokens it had been given by then, not a finished output.
+    aborted_at: int | None = None
 
     @property
     def token_ids(self) -> list[int]:
         return [s.token_id for s in self.steps]
-
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,10 @@ class Trace:
     ``metrics`` holds engine counters such as ``vllm:num_preemptions``; ``info``
     what the engine reported about itself and the run's timings. ``forced`` holds,
     per request id, the teacher-forced run (``harness.in_engine.teacher_forcing``): each step's
-    token is the reference's, its logprobs the device's own before forcing.
+    token is the reference's, its logprobs the device's own before forcing. ``aborted`` holds
+    the requests the harness aborted before they finished (a client that went away): their
+    prompt and the tokens they had been given, apart from ``requests`` (the finished ones,
+    which the output checks judge), for the checks that reason about what the run computed.
     """
 
     target: str
@@ -262,6 +267,11 @@ class Trace:
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     forced: dict[str, RequestTrace] = field(default_factory=dict)
+    aborted: dict[str, RequestTrace] = field(default_factory=dict)
+
+    def ran(self) -> dict[str, RequestTrace]:
+        """Every request the run computed tokens for: the finished ones and the aborted ones."""
+        return {**self.aborted, **self.requests}
 
     def ledger_steps(self) -> list[StepRecord]:
         """The initial record, when taken, then every engine step."""

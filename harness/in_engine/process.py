@@ -18,14 +18,7 @@ from typing import Any
 from harness.core.cpu_share import take_share
 from harness.core.ports import pick_bind_ports
 from harness.core.serialise import snapshot_to_dict, trace_to_dict
-from harness.core.trace import (
-    SOURCE_VLLM_SCHEDULER,
-    KvSnapshot,
-    RequestTrace,
-    StepRecord,
-    TokenStep,
-    Trace,
-)
+from harness.core.trace import SOURCE_VLLM_SCHEDULER, KvSnapshot, RequestTrace, StepRecord, Trace
 from harness.in_engine import faults, ranks
 from harness.in_engine import teacher_forcing as forcing
 from harness.in_engine.executed import ExecutedTokens
@@ -33,6 +26,7 @@ from harness.in_engine.kind_modules import KindModules, engine_info, import_modu
 from harness.in_engine.legacy_preemptions import recorded_schedule
 from harness.in_engine.probe_delta import DeltaTracker
 from harness.in_engine.probes import snapshot_engine
+from harness.in_engine.requests import aborted_traces, prefill_ids, prompt_progress, request_trace
 from harness.in_engine.teacher_forcing import EXTRA_ARG, forced_request_trace
 
 
@@ -60,52 +54,6 @@ def metric_values(llm: Any) -> dict[str, float]:
 
 def metric_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
-
-
-def request_trace(
-    request_id: str, out: Any, fallback_prompt: list[int], num_preemptions: int = 0,
-    max_tokens: int | None = None,
-) -> RequestTrace:
-    """A vLLM RequestOutput as a RequestTrace (tokens with top-k logprobs); ``max_tokens`` the
-    request was sent with, where the caller records it."""
-    comp = out.outputs[0]
-    steps = []
-    for pos, tid in enumerate(comp.token_ids):
-        lp_map = comp.logprobs[pos] if comp.logprobs else {}
-        top = {int(t): float(lp.logprob) for t, lp in lp_map.items()}
-        steps.append(TokenStep(int(tid), top.get(int(tid), float("nan")), top))
-    return RequestTrace(
-        request_id=request_id,
-        prompt_token_ids=list(out.prompt_token_ids or fallback_prompt),
-        steps=steps,
-        num_preemptions=num_preemptions,
-        finish_reason=comp.finish_reason,
-        num_cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
-        max_tokens=max_tokens,
-    )
-
-
-def prompt_progress(scheduler: Any) -> dict[str, tuple[int, int]] | None:
-    """(tokens computed, prompt tokens) of every request ``scheduler`` has, by its engine id;
-    None where its requests do not say."""
-    out: dict[str, tuple[int, int]] = {}
-    for rid, req in list(getattr(scheduler, "requests", {}).items()):
-        computed = getattr(req, "num_computed_tokens", None)
-        prompt = getattr(req, "num_prompt_tokens", None)
-        if computed is None or prompt is None:
-            return None
-        out[str(rid)] = (int(computed), int(prompt))
-    return out
-
-
-def prefill_ids(before: dict[str, tuple[int, int]] | None, scheduled: Any) -> list[str] | None:
-    """The engine ids among ``scheduled`` (a scheduler output's tokens per request) whose prompt
-    was not all computed before the step (``before``, from ``prompt_progress``): this step ran
-    their prompt tokens. None where ``before`` is unknown."""
-    if before is None:
-        return None
-    return sorted(str(r) for r, n in dict(scheduled or {}).items()
-                  if n and r in before and before[r][0] < before[r][1])
 
 
 def _answer(trace: Trace, compute_seconds: float,
@@ -404,6 +352,7 @@ class EngineSide:
         internal: dict[str, str] = {}  # engine request id -> scenario request id
         preemptions: dict[str, int] = {}
         finals: dict[str, Any] = {}
+        gone: dict[str, RequestTrace] = {}  # the aborted requests, as they left
         self.drain()  # the initial snapshot must be an idle point
         before = metric_values(self.llm)
         compute0 = self.compute_seconds
@@ -432,7 +381,9 @@ class EngineSide:
                 internal[str(rid or r["request_id"])] = r["request_id"]
             live = {scenario_id(str(rid)) for rid in sched.requests}
             aborted = sorted(rid for rid, at in aborts.items() if at == step and rid in live)
-            if aborted:
+            if aborted:  # what they computed first: the abort drops it from the engine
+                states = getattr(getattr(engine, "output_processor", None), "request_states", None)
+                gone.update(aborted_traces(sched, states, set(aborted), scenario_id, step))
                 engine.abort_request(aborted)  # the client's ids; the engine maps its own
             n_sched = len(sched_outputs)
             progress = prompt_progress(sched)  # what admission sees: prefills under way
@@ -480,7 +431,8 @@ class EngineSide:
                 )
         after = metric_values(self.llm)
         trace = Trace(target="", steps=steps, initial=initial,
-                      idle_at_end=not sched.has_requests(), metrics=metric_delta(before, after))
+                      idle_at_end=not sched.has_requests(), metrics=metric_delta(before, after),
+                      aborted=gone)
         for rid, out in finals.items():
             sid = scenario_id(rid)
             trace.requests[sid] = request_trace(sid, out, [], preemptions.get(sid, 0),

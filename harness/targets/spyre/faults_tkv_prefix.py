@@ -197,16 +197,14 @@ def hold_back_at_admission(config: dict[str, Any]) -> None:
 # -- the prefix cache
 
 
-@fault("prefix-hit-underreported")
-def prefix_hit_underreported(config: dict[str, Any]) -> None:
-    """sendnn-inference 2.x with prefix caching: the first request served from the cache after
-    start reports one block fewer cached tokens than it was served (vLLM's ``prefill_stats``,
-    which its output's ``num_cached_tokens`` carries): it ran only the rest of its prompt, but
-    its output says it computed a block more (breaks prefix_reuse: reports fewer cached tokens
-    than it was served)."""
-    cls = scheduler_class("prefix-hit-underreported")
+def misreport_first_hit(name: str, blocks: int) -> None:
+    """The first request served from the cache after start reports ``blocks`` blocks more
+    cached tokens (fewer where negative) than it was served: vLLM's ``prefill_stats``, which
+    its output's ``num_cached_tokens`` carries; what it ran is unchanged."""
+    cls = scheduler_class(name)
     original = cls.schedule
     once = Once()
+    said = name.replace("-", "_")
 
     def schedule(self: Any, *a: Any, **kw: Any) -> Any:
         out = original(self, *a, **kw)
@@ -216,13 +214,32 @@ def prefix_hit_underreported(config: dict[str, Any]) -> None:
             served = int(getattr(stats, "num_local_cached_tokens", 0) or 0)
             if stats is not None and served >= self.block_size and once.due():
                 stats.set(num_prompt_tokens=stats.num_prompt_tokens,
-                          num_local_cached_tokens=served - int(self.block_size),
+                          num_local_cached_tokens=served + blocks * int(self.block_size),
                           num_external_cached_tokens=stats.num_external_cached_tokens)
-                once.fire(f"[hil] fault prefix_hit_underreported fired: {new.req_id} served"
+                once.fire(f"[hil] fault {said} fired: {new.req_id} served"
                           f" {served} cached tokens, reports {stats.num_cached_tokens}")
         return out
 
     cls.schedule = schedule  # type: ignore[method-assign]
+
+
+@fault("prefix-hit-underreported")
+def prefix_hit_underreported(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x with prefix caching: the first request served from the cache after
+    start reports one block fewer cached tokens than it was served (vLLM's ``prefill_stats``,
+    which its output's ``num_cached_tokens`` carries): it ran only the rest of its prompt, but
+    its output says it computed a block more (breaks prefix_reuse: reports fewer cached tokens
+    than it was served)."""
+    misreport_first_hit("prefix-hit-underreported", -1)
+
+
+@fault("prefix-hit-overreported")
+def prefix_hit_overreported(config: dict[str, Any]) -> None:
+    """sendnn-inference 2.x with prefix caching: the first request served from the cache after
+    start reports one block more cached tokens than it was served: its output claims a block
+    of its prompt came from the cache that it computed itself (breaks prefix_reuse: reports
+    more cached tokens than it was served)."""
+    misreport_first_hit("prefix-hit-overreported", 1)
 
 
 @fault("prefix-cache-drops-a-block")

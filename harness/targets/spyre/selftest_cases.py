@@ -88,6 +88,8 @@ CASES: tuple[Case, ...] = (
          "scheduling"),
     Case("prefix-cache-drops-a-block", "spyre-eager-pc", PREFIX_REUSE, "served_again",
          "scheduling"),
+    Case("prefix-hit-overreported", "spyre-eager-pc", PREFIX_REUSE, "aborted_requests_output",
+         "scheduling"),
 )
 
 # On a card the faults that patch vLLM itself apply; the device is required, not skipped.

@@ -116,6 +116,18 @@ def test_each_preemption_signal_alone_fails_the_check():
     assert check_preemption_seen(all_four).ok
 
 
+def test_an_aborted_requests_preemptions_are_counted_per_request():
+    # r1 was preempted, then aborted: the trace keeps it apart (Trace.aborted), its count too
+    t = trace([step(3, ["r0"], preempted=["r1"])], metric=1.0, per_request={"r1": 1},
+              executed={"r0": 2, "r1": 2 + 3})
+    gone = t.requests.pop("r1")
+    gone.aborted_at = 4
+    t.aborted = {"r1": gone}
+    count = count_preemptions(t)
+    assert count.per_request == {"r1": 1}
+    assert "r1" not in (count.recomputed or {})  # an aborted request ran no whole output
+
+
 def test_tokens_the_executor_ran_again_are_a_preemption_signal_of_their_own():
     # The scheduler's three signals all say nothing; the executor ran r1's 3 tokens twice.
     rerun = trace([step(0, ["r0", "r1"]), step(1, ["r1"])], executed={"r0": 2, "r1": 2})

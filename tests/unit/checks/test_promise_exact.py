@@ -108,3 +108,13 @@ def test_max_tokens_and_the_admission_fields_cross_the_wire_and_old_traces_lack_
     back = trace_from_dict(old)
     assert back.requests["a"].max_tokens is None and back.steps[0].prefilling is None
     assert StepRecord(step=0).arrived is None
+
+
+def test_an_aborted_request_is_judged_while_it_is_served():
+    # the trace keeps an aborted request apart (Trace.aborted), with the max_tokens it was
+    # sent with: its promise while the scheduler served it is judged as any other's
+    t = trace([step(0, snap({"a": [1]}, {"a": 0}), ["a"])], [])
+    t.aborted = {"a": request("a", 64, 40)}
+    t.aborted["a"].aborted_at = 1
+    (v,) = [v for v in promise_violations(t) if v.invariant == "promise_exact"]
+    assert "request a owns 1 and is promised 0 block(s)" in v.message

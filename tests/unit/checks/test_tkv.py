@@ -328,3 +328,34 @@ def test_lengths_count_the_prefix_cache_hit():
     trace = run.trace()
     trace.requests["r1"].num_cached_tokens = 64
     assert tkv_violations(trace) == []
+
+
+def test_a_batch_with_an_aborted_request_is_judged_by_its_length():
+    # r1 is aborted after the step below: the trace keeps it apart (Trace.aborted), and its
+    # length is still what it computed, so the runner's TKV one block high is seen
+    run = two_decoding()
+    run.step({"r0": 1, "r1": 1}, tkv=130)
+    trace = run.trace()
+    gone = trace.requests.pop("r1")
+    gone.aborted_at = 4
+    trace.aborted = {"r1": gone}
+    v = tkv_violations(trace)
+    assert names(v) == ["runner_tkv", "tkv_prediction"]
+    assert "its requests' lengths (r0: 66, r1: 65)" in v[0].message
+
+
+def test_a_preempted_request_is_as_long_as_it_computed_again():
+    # r1 decodes to 66 tokens, is preempted, and computes its 66 tokens again (no prefix
+    # caching: from the start); at its next decode it holds 67 tokens, not 66 + 66 + 1
+    run = two_decoding()
+    run.step({"r0": 1, "r1": 1})
+    run.step({"r0": 1, "r1": 1})
+    run.steps.append(StepRecord(step=len(run.steps), preempted=["r1"], executed={"r0": 1},
+                                tkv=batch_tkv([68], BS), kv=run.steps[-1].kv))
+    run.computed["r0"] += 1
+    run.computed["r1"] = 0
+    run.step({"r1": 66}, prefilling=())
+    run.step({"r0": 1, "r1": 1}, tkv=batch_tkv([69, 67], BS))
+    trace = run.trace()
+    v = [x for x in tkv_violations(trace) if x.invariant == "runner_tkv"]
+    assert v == []
