@@ -82,18 +82,23 @@ def tempered_and_truncated(logits: torch.Tensor, spec: SamplingSpec) -> torch.Te
         probs = logits.softmax(dim=-1)
         logits.masked_fill_(probs < probs.max() * spec.min_p, NEG_INF)
     vocab = logits.shape[0]
-    if 0 < spec.top_k < vocab:
-        # apply_top_k_top_p: everything below the k-th largest value goes (ties with it stay).
-        kth = logits.topk(spec.top_k).values[-1]
-        logits.masked_fill_(logits < kth, NEG_INF)
-    if spec.top_p < 1.0:
-        # Ascending sort; drop the prefix whose cumulative probability is <= 1 - p, always
-        # keeping the largest token.
-        ascending, order = logits.sort(descending=False)
-        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative <= 1 - spec.top_p
-        drop[-1] = False
-        logits[order[drop]] = NEG_INF
+    top_k = spec.top_k if 0 < spec.top_k < vocab else 0
+    if spec.top_p == 1.0:
+        if top_k:
+            # apply_top_k_top_p: everything below the k-th largest value goes (ties with it stay).
+            logits.masked_fill_(logits < logits.topk(top_k).values[-1], NEG_INF)
+        return logits
+    # apply_top_k_top_p_pytorch: one ascending sort, top-k then top-p in sorted order (the sort
+    # decides which of tied tokens survive at the top-p edge, so it is the same sort); top-p drops
+    # the prefix whose cumulative probability is <= 1 - p, always keeping the largest token.
+    ascending, order = logits.sort(dim=-1, descending=False)
+    if top_k:
+        ascending.masked_fill_(ascending < ascending[vocab - top_k], NEG_INF)
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative <= 1 - spec.top_p
+    drop[-1] = False
+    ascending.masked_fill_(drop, NEG_INF)
+    logits.scatter_(0, order, ascending)
     return logits
 
 
