@@ -48,8 +48,16 @@ NOISE_PROTOCOLS: dict[str, NoiseProtocol] = {
     ),
     "spyre-1.10": NoiseProtocol(
         stack="spyre-1.10",
-        replayable=False,
-        note="unknown: vLLM 0.17.1 and vllm-spyre 1.10's sampler not read yet",
+        replayable=True,
+        note=(
+            "vLLM 0.17.1 + vllm-spyre 1.10: the same generator and draw; the Spyre platform is "
+            "out-of-tree (not CPU), so TopKTopPSampler takes forward_native -> random_sample, "
+            "which keeps a seed beside unseeded requests. Read, not yet checked on an engine."
+        ),
+        source=(
+            "vllm/v1/sample/ops/topk_topp_sampler.py (0.17.1), "
+            "vllm_spyre/v1/worker/spyre_model_runner.py, vllm_spyre/platform.py"
+        ),
     ),
     "legacy-spyre-0.4": NoiseProtocol(
         stack="legacy-spyre-0.4",

@@ -28,6 +28,9 @@ GREEDY_CASES = {
     "allowed_token_ids": SamplingSpec(allowed_token_ids=(0, 3, 5, 9, 12)),
     "min_tokens": SamplingSpec(min_tokens=6, stop_token_ids=(4, 7), eos_token_ids=(EOS_TOKEN_ID,)),
     "min_tokens reached": SamplingSpec(min_tokens=2, stop_token_ids=(4,), eos_token_ids=(EOS_TOKEN_ID,)),
+    "logit_bias before repetition": SamplingSpec(
+        repetition_penalty=1.5, logit_bias=((1, 2.0), (5, -1.0), (10, 3.0))
+    ),
     "all greedy-changing": SamplingSpec(
         repetition_penalty=1.2, frequency_penalty=0.4, presence_penalty=0.3,
         logit_bias=((1, 1.0),), bad_words=((6, 7),), allowed_token_ids=tuple(range(0, 16, 2)) + (7,),

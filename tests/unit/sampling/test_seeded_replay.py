@@ -78,6 +78,22 @@ def test_teacher_forced_judgement_follows_vllm_sampler_step_by_step() -> None:
         assert all(j.agrees and j.replay is not None and 0 <= j.replay.margin <= 1 for j in judged)
 
 
+def test_replay_draws_vllms_noise_bit_for_bit() -> None:
+    """The ``p / q`` score of each draw equals the one vLLM's own noise gives (same dtype, same
+    stream): a margin for a near-tie rule is only meaningful on the same numbers."""
+    from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like
+
+    torch.manual_seed(5)
+    probs = [torch.randn(1, 300).mul(2).softmax(dim=-1) for _ in range(STEPS)]
+    generator = torch.Generator().manual_seed(99)
+    theirs = []
+    for p in probs:
+        q = empty_exponential_noise_like(p, use_fp64_gumbel=False)
+        q[0].exponential_(generator=generator)
+        theirs.append(float((p / q).max()))
+    assert [r.score for r in replay_seeded([p[0] for p in probs], 99)] == theirs
+
+
 def test_a_different_seed_gives_different_tokens() -> None:
     """The replay depends on the seed (it would pass vacuously otherwise)."""
     torch.manual_seed(0)
@@ -86,7 +102,7 @@ def test_a_different_seed_gives_different_tokens() -> None:
 
 
 def test_stacks_nobody_read_are_unknown() -> None:
-    assert noise_protocol("default").replayable
-    for stack in ("canary", "spyre-1.10", "no-such-stack"):
+    assert noise_protocol("default").replayable and noise_protocol("spyre-1.10").replayable
+    for stack in ("canary", "legacy-spyre-0.4", "no-such-stack"):
         protocol = noise_protocol(stack)
         assert not protocol.replayable and protocol.note.startswith("unknown")
