@@ -46,7 +46,9 @@ class PositionJudgement:
         return self.reference_token == self.device_token
 
 
-def _reference_step(logprobs: torch.Tensor, chosen: int, device_token: int, top_k: int) -> TokenStep:
+def _reference_step(
+    logprobs: torch.Tensor, chosen: int, device_token: int, top_k: int
+) -> TokenStep:
     finite = int(torch.isfinite(logprobs).sum())
     top = logprobs.topk(max(1, min(top_k, finite)))
     alternatives = {int(t): float(lp) for t, lp in zip(top.indices, top.values, strict=True)}

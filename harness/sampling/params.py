@@ -26,8 +26,9 @@ class SamplingParamsError(ValueError):
 class SamplingSpec:
     """One request's sampling parameters (immutable; defaults are vLLM's, except greedy).
 
-    ``bad_words`` are the token-id sequences vLLM bans (what ``SamplingParams.update_from_tokenizer``
-    derives from the words: see ``bad_words_token_ids``); ``bad_words_text`` are the words sent.
+    ``bad_words`` are the token-id sequences vLLM bans (what
+    ``SamplingParams.update_from_tokenizer`` derives from the words: see ``bad_words_token_ids``);
+    ``bad_words_text`` are the words sent.
     ``eos_token_ids`` are the model's end-of-sequence ids (the engine adds them, they are not sent):
     with ``stop_token_ids`` they are what ``min_tokens`` suppresses.
     """
@@ -80,7 +81,7 @@ class SamplingSpec:
         return dict(self.logit_bias)
 
     def check_vocab(self, vocab_size: int) -> None:
-        """Refuse token ids outside ``[0, vocab_size)`` (vLLM refuses them when the request arrives)."""
+        """Refuse token ids outside ``[0, vocab_size)`` (vLLM refuses them on arrival)."""
         for name, ids in (
             ("logit_bias", [t for t, _ in self.logit_bias]),
             ("allowed_token_ids", list(self.allowed_token_ids or ())),
@@ -99,8 +100,14 @@ class SamplingSpec:
         plus ``temperature`` and ``max_tokens``, which the harness always states)."""
         kwargs: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
         defaults: dict[str, Any] = {
-            "top_k": 0, "top_p": 1.0, "min_p": 0.0, "presence_penalty": 0.0,
-            "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_tokens": 0, "seed": None,
+            "top_k": 0,
+            "top_p": 1.0,
+            "min_p": 0.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "min_tokens": 0,
+            "seed": None,
         }
         for name, default in defaults.items():
             value = getattr(self, name)

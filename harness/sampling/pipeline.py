@@ -26,7 +26,7 @@ NEG_INF = float("-inf")
 def allowed_and_banned(
     logits: torch.Tensor, spec: SamplingSpec, output_ids: Sequence[int]
 ) -> torch.Tensor:
-    """Steps 2-4: allowed ids, bad words, min-tokens and logit bias (in place; returns ``logits``)."""
+    """Steps 2-4: allowed ids, bad words, min-tokens, logit bias (in place; returns ``logits``)."""
     if spec.allowed_token_ids is not None:
         keep = torch.zeros_like(logits, dtype=torch.bool)
         keep[list(spec.allowed_token_ids)] = True
@@ -36,7 +36,7 @@ def allowed_and_banned(
         prefix = list(word[:-1])
         if len(word) > len(output_ids) + 1:
             continue
-        if not prefix or list(output_ids[len(output_ids) - len(prefix):]) == prefix:
+        if not prefix or list(output_ids[len(output_ids) - len(prefix) :]) == prefix:
             logits[word[-1]] = NEG_INF
     if spec.min_tokens and len(output_ids) < spec.min_tokens:
         suppressed = sorted(spec.suppressed_until_min_tokens)
@@ -68,7 +68,9 @@ def penalised(
     if spec.frequency_penalty or spec.presence_penalty:
         counts = torch.zeros(vocab, dtype=torch.long)
         if output_ids:
-            counts.scatter_add_(0, torch.tensor(list(output_ids)), torch.ones(len(output_ids), dtype=torch.long))
+            counts.scatter_add_(
+                0, torch.tensor(list(output_ids)), torch.ones(len(output_ids), dtype=torch.long)
+            )
         logits -= spec.frequency_penalty * counts
         logits -= spec.presence_penalty * (counts > 0)
     return logits

@@ -27,14 +27,22 @@ GREEDY_CASES = {
     "bad_words": SamplingSpec(bad_words=((5,), (6, 7), (8, 6, 11), (1, 2, 3, 4))),
     "allowed_token_ids": SamplingSpec(allowed_token_ids=(0, 3, 5, 9, 12)),
     "min_tokens": SamplingSpec(min_tokens=6, stop_token_ids=(4, 7), eos_token_ids=(EOS_TOKEN_ID,)),
-    "min_tokens reached": SamplingSpec(min_tokens=2, stop_token_ids=(4,), eos_token_ids=(EOS_TOKEN_ID,)),
+    "min_tokens reached": SamplingSpec(
+        min_tokens=2, stop_token_ids=(4,), eos_token_ids=(EOS_TOKEN_ID,)
+    ),
     "logit_bias before repetition": SamplingSpec(
         repetition_penalty=1.5, logit_bias=((1, 2.0), (5, -1.0), (10, 3.0))
     ),
     "all greedy-changing": SamplingSpec(
-        repetition_penalty=1.2, frequency_penalty=0.4, presence_penalty=0.3,
-        logit_bias=((1, 1.0),), bad_words=((6, 7),), allowed_token_ids=tuple(range(0, 16, 2)) + (7,),
-        min_tokens=8, stop_token_ids=(4,), eos_token_ids=(EOS_TOKEN_ID,),
+        repetition_penalty=1.2,
+        frequency_penalty=0.4,
+        presence_penalty=0.3,
+        logit_bias=((1, 1.0),),
+        bad_words=((6, 7),),
+        allowed_token_ids=tuple(range(0, 16, 2)) + (7,),
+        min_tokens=8,
+        stop_token_ids=(4,),
+        eos_token_ids=(EOS_TOKEN_ID,),
     ),
 }
 SAMPLED_CASES = {
@@ -47,12 +55,26 @@ SAMPLED_CASES = {
     "min_p": SamplingSpec(temperature=0.7, min_p=0.2, seed=7),
     "top_k top_p min_p": SamplingSpec(temperature=1.2, top_k=9, top_p=0.8, min_p=0.05, seed=8),
     "penalties sampled": SamplingSpec(
-        temperature=0.9, repetition_penalty=1.4, frequency_penalty=0.7, presence_penalty=-0.5, seed=9
+        temperature=0.9,
+        repetition_penalty=1.4,
+        frequency_penalty=0.7,
+        presence_penalty=-0.5,
+        seed=9,
     ),
     "everything sampled": SamplingSpec(
-        temperature=0.6, top_k=7, top_p=0.9, min_p=0.01, repetition_penalty=1.1,
-        frequency_penalty=0.2, presence_penalty=0.2, logit_bias=((3, 3.0),), bad_words=((6, 7),),
-        min_tokens=8, stop_token_ids=(4,), eos_token_ids=(EOS_TOKEN_ID,), seed=10,
+        temperature=0.6,
+        top_k=7,
+        top_p=0.9,
+        min_p=0.01,
+        repetition_penalty=1.1,
+        frequency_penalty=0.2,
+        presence_penalty=0.2,
+        logit_bias=((3, 3.0),),
+        bad_words=((6, 7),),
+        min_tokens=8,
+        stop_token_ids=(4,),
+        eos_token_ids=(EOS_TOKEN_ID,),
+        seed=10,
     ),
 }
 
@@ -62,7 +84,9 @@ OUTPUT = [5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]  # repeats; ends with the bad w
 
 def _assert_same_logits(ours: torch.Tensor, theirs: torch.Tensor, label: str) -> None:
     same_inf = torch.isneginf(ours) == torch.isneginf(theirs)
-    assert bool(same_inf.all()), f"{label}: masked ids differ: {torch.nonzero(~same_inf).flatten().tolist()}"
+    assert bool(same_inf.all()), (
+        f"{label}: masked ids differ: {torch.nonzero(~same_inf).flatten().tolist()}"
+    )
     finite = ~torch.isneginf(ours)
     torch.testing.assert_close(ours[finite], theirs[finite], rtol=1e-5, atol=1e-5, msg=label)
 
@@ -86,7 +110,9 @@ def test_processed_logits_equal_vllm_sampler(case: str, vocab: int) -> None:
     tokens, vllm_processed = vllm_sample(rows, logits)
     for i, row in enumerate(rows):
         ours = processed_logits(logits[i], spec, row.prompt_ids, row.output_ids)
-        _assert_same_logits(ours, vllm_processed[i], f"{case}, vocab {vocab}, history {len(row.output_ids)}")
+        _assert_same_logits(
+            ours, vllm_processed[i], f"{case}, vocab {vocab}, history {len(row.output_ids)}"
+        )
         if spec.is_greedy:
             assert tokens[i] == int(ours.argmax()), f"{case}: vLLM took {tokens[i]}"
 
@@ -113,12 +139,18 @@ def test_top_k_top_p_equal_vllm_ops() -> None:
         logits = torch.randn(6, vocab).round(decimals=1)  # rounding makes ties
         ks = [1, 2, 5, vocab // 2, vocab - 1, 3]
         ps = [1.0, 0.9, 0.5, 0.3, 0.99, 0.05]
-        specs = [SamplingSpec(temperature=1.0, top_k=k, top_p=p) for k, p in zip(ks, ps, strict=True)]
+        specs = [
+            SamplingSpec(temperature=1.0, top_k=k, top_p=p) for k, p in zip(ks, ps, strict=True)
+        ]
         k_tensor = torch.tensor(ks, dtype=torch.int32)
         for allow_sync in (False, True):
-            theirs = apply_top_k_top_p_pytorch(logits.clone(), k_tensor, torch.tensor(ps), allow_sync)
+            theirs = apply_top_k_top_p_pytorch(
+                logits.clone(), k_tensor, torch.tensor(ps), allow_sync
+            )
             for i, spec in enumerate(specs):
-                _assert_same_logits(processed_logits(logits[i], spec, [], []), theirs[i], f"row {i}")
+                _assert_same_logits(
+                    processed_logits(logits[i], spec, [], []), theirs[i], f"row {i}"
+                )
             only_k = apply_top_k_top_p_pytorch(logits.clone(), k_tensor, None, allow_sync)
             for i, k in enumerate(ks):
                 spec = SamplingSpec(temperature=1.0, top_k=k)

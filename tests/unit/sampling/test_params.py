@@ -57,11 +57,31 @@ def test_vllm_refuses_the_same(values: dict, message: str) -> None:
 
 ACCEPTED = [
     SamplingSpec(),
-    SamplingSpec(temperature=2.0, top_p=1.0, top_k=-1, min_p=1.0, presence_penalty=-2.0,
-                 frequency_penalty=2.0, repetition_penalty=0.01, max_tokens=1, min_tokens=1),
-    SamplingSpec(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=7, logit_bias=((3, -100.0),),
-                 bad_words_text=("foo",), bad_words=((11,),), allowed_token_ids=(1, 2, 3),
-                 min_tokens=2, stop_token_ids=(9,), eos_token_ids=(2,)),
+    SamplingSpec(
+        temperature=2.0,
+        top_p=1.0,
+        top_k=-1,
+        min_p=1.0,
+        presence_penalty=-2.0,
+        frequency_penalty=2.0,
+        repetition_penalty=0.01,
+        max_tokens=1,
+        min_tokens=1,
+    ),
+    SamplingSpec(
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
+        min_p=0.05,
+        seed=7,
+        logit_bias=((3, -100.0),),
+        bad_words_text=("foo",),
+        bad_words=((11,),),
+        allowed_token_ids=(1, 2, 3),
+        min_tokens=2,
+        stop_token_ids=(9,),
+        eos_token_ids=(2,),
+    ),
 ]
 
 
@@ -71,13 +91,24 @@ def test_vllm_accepts_the_kwargs_and_keeps_every_value(spec: SamplingSpec) -> No
     from vllm import SamplingParams
 
     params = SamplingParams(**spec.to_vllm_kwargs())
-    for name in ("max_tokens", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty", "min_tokens", "seed"):
+    for name in (
+        "max_tokens",
+        "top_k",
+        "top_p",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_tokens",
+        "seed",
+    ):
         if not spec.is_greedy or name not in ("top_k", "top_p", "min_p"):
             assert getattr(params, name) == getattr(spec, name), name
     assert params.temperature == spec.effective_temperature
     assert params.logit_bias == (spec.bias_by_token() or None)
-    assert params.allowed_token_ids == (list(spec.allowed_token_ids) if spec.allowed_token_ids else None)
+    assert params.allowed_token_ids == (
+        list(spec.allowed_token_ids) if spec.allowed_token_ids else None
+    )
     assert params.stop_token_ids == list(spec.stop_token_ids)
     assert params.bad_words == list(spec.bad_words_text)
     params.update_from_generation_config({}, spec.eos_token_ids[0] if spec.eos_token_ids else None)
@@ -119,7 +150,9 @@ def test_bad_words_token_ids_as_vllm_derives_them() -> None:
 
 
 def test_the_package_does_not_import_vllm() -> None:
-    code = ("import sys, harness.sampling.params, harness.sampling.pipeline, "
-            "harness.sampling.judge, harness.sampling.noise; print('vllm' in sys.modules)")
+    code = (
+        "import sys, harness.sampling.params, harness.sampling.pipeline, "
+        "harness.sampling.judge, harness.sampling.noise; print('vllm' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -58,10 +58,18 @@ def test_teacher_forced_judgement_follows_vllm_sampler_step_by_step() -> None:
     vocab = 64
     specs = [
         SamplingSpec(temperature=0.8, top_k=20, top_p=0.9, seed=11),
-        SamplingSpec(temperature=1.3, min_p=0.05, repetition_penalty=1.3, presence_penalty=0.5, seed=12),
         SamplingSpec(
-            temperature=1.0, frequency_penalty=0.8, logit_bias=((3, 2.0),), bad_words=((5, 6),),
-            min_tokens=6, stop_token_ids=(9,), eos_token_ids=(EOS_TOKEN_ID,), seed=13,
+            temperature=1.3, min_p=0.05, repetition_penalty=1.3, presence_penalty=0.5, seed=12
+        ),
+        SamplingSpec(
+            temperature=1.0,
+            frequency_penalty=0.8,
+            logit_bias=((3, 2.0),),
+            bad_words=((5, 6),),
+            min_tokens=6,
+            stop_token_ids=(9,),
+            eos_token_ids=(EOS_TOKEN_ID,),
+            seed=13,
         ),
     ]
     rows = [Row(s, [1, 5, 6, 3, 3], [], torch.Generator().manual_seed(s.seed or 0)) for s in specs]
@@ -73,7 +81,9 @@ def test_teacher_forced_judgement_follows_vllm_sampler_step_by_step() -> None:
         for row, token in zip(rows, tokens, strict=True):
             row.output_ids.append(token)
     for i, row in enumerate(rows):
-        judged = judge_positions([lg[i] for lg in logits_per_step], row.spec, row.prompt_ids, row.output_ids)
+        judged = judge_positions(
+            [lg[i] for lg in logits_per_step], row.spec, row.prompt_ids, row.output_ids
+        )
         assert [j.reference_token for j in judged] == row.output_ids, f"row {i}"
         assert all(j.agrees and j.replay is not None and 0 <= j.replay.margin <= 1 for j in judged)
 
@@ -98,7 +108,9 @@ def test_a_different_seed_gives_different_tokens() -> None:
     """The replay depends on the seed (it would pass vacuously otherwise)."""
     torch.manual_seed(0)
     probs = [torch.randn(50).softmax(dim=-1) for _ in range(STEPS)]
-    assert [r.token_id for r in replay_seeded(probs, 1)] != [r.token_id for r in replay_seeded(probs, 2)]
+    assert [r.token_id for r in replay_seeded(probs, 1)] != [
+        r.token_id for r in replay_seeded(probs, 2)
+    ]
 
 
 def test_stacks_nobody_read_are_unknown() -> None:

@@ -51,7 +51,10 @@ def sampling_metadata(rows: list[Row], vocab: int):
         LogitBiasLogitsProcessor(config, torch.device("cpu"), False),
         MinPLogitsProcessor(config, torch.device("cpu"), False),
     ]
-    added = [(i, p, row.prompt_ids, row.output_ids) for i, (p, row) in enumerate(zip(params, rows, strict=True))]
+    added = [
+        (i, p, row.prompt_ids, row.output_ids)
+        for i, (p, row) in enumerate(zip(params, rows, strict=True))
+    ]
     for processor in processors:
         processor.update_state(BatchUpdate(batch_size=len(rows), removed=[], added=added, moved=[]))
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
@@ -69,10 +72,14 @@ def sampling_metadata(rows: list[Row], vocab: int):
         for p in params
     )
     return SamplingMetadata(
-        temperature=torch.tensor([0.0 if g else p.temperature for g, p in zip(greedy, params, strict=True)]),
+        temperature=torch.tensor(
+            [0.0 if g else p.temperature for g, p in zip(greedy, params, strict=True)]
+        ),
         all_greedy=all(greedy),
         all_random=not any(greedy),
-        top_p=None if all(p.top_p == 1.0 for p in params) else torch.tensor([p.top_p for p in params]),
+        top_p=None
+        if all(p.top_p == 1.0 for p in params)
+        else torch.tensor([p.top_p for p in params]),
         top_k=None if all(k == vocab for k in top_k) else torch.tensor(top_k, dtype=torch.int32),
         generators={i: r.generator for i, r in enumerate(rows) if r.generator is not None},
         max_num_logprobs=-1,
@@ -84,7 +91,9 @@ def sampling_metadata(rows: list[Row], vocab: int):
         output_token_ids=[row.output_ids for row in rows],
         allowed_token_ids_mask=allowed_mask,
         bad_words_token_ids={
-            i: [list(w) for w in row.spec.bad_words] for i, row in enumerate(rows) if row.spec.bad_words
+            i: [list(w) for w in row.spec.bad_words]
+            for i, row in enumerate(rows)
+            if row.spec.bad_words
         },
         logitsprocs=LogitsProcessors(processors),
     )
