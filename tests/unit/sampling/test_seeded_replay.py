@@ -118,3 +118,24 @@ def test_stacks_nobody_read_are_unknown() -> None:
     for stack in ("canary", "legacy-spyre-0.4", "no-such-stack"):
         protocol = noise_protocol(stack)
         assert not protocol.replayable and protocol.note.startswith("unknown")
+
+
+def test_vllm_cpu_forward_ignores_a_seed_beside_an_unseeded_request() -> None:
+    """Pins the default stack's fact that docs/sampling.md states: on the CPU platform
+    (``forward_cpu``) the per-request generators are used only when every row has one; beside an
+    unseeded row the seeded row is drawn from the global generator. If this starts failing, vLLM
+    changed and the declared protocol must be read again."""
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    forward = TopKTopPSampler().forward_cpu
+    logits = torch.zeros(2, 1000)
+
+    def seeded_row_tokens(global_seed: int, all_seeded: bool) -> list[int]:
+        torch.manual_seed(global_seed)
+        generators = {0: torch.Generator().manual_seed(1234)}
+        if all_seeded:
+            generators[1] = torch.Generator().manual_seed(5)
+        return [int(forward(logits.clone(), generators, None, None)[0][0]) for _ in range(5)]
+
+    assert seeded_row_tokens(0, all_seeded=True) == seeded_row_tokens(1, all_seeded=True)
+    assert seeded_row_tokens(0, all_seeded=False) != seeded_row_tokens(1, all_seeded=False)
