@@ -8,12 +8,22 @@ import struct
 from pathlib import Path
 
 from harness.core.config import EngineConfig
+from harness.core.settings import SettingError, env_value
 
 
 def cfg(**kw):
     base = dict(target="vllm-cpu", model="/m", max_model_len=256, max_num_seqs=4)
     base.update(kw)
     return EngineConfig(**base)
+
+
+def env_refuses(name: str, raw: str) -> bool:
+    """The settings layer refuses ``raw`` as variable ``name``'s value."""
+    try:
+        env_value(name, {name: raw})
+    except SettingError:
+        return True
+    return False
 
 
 # ------------------------------------------------------------------ earlier results

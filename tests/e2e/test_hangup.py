@@ -16,22 +16,10 @@ import pytest
 
 from harness.engine import forkserver
 from tests.bad_input import assert_nothing_lost, earlier_run
+from tests.processes import alive
 from tests.suite_runner import ROOT
 
 pytestmark = pytest.mark.e2e  # starts vLLM engines on the CPU under `hil run`
-
-
-def _alive(pids: set[int]) -> list[str]:
-    """The processes of ``pids`` still running (a zombie has ended), as pid and command."""
-    left = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{pid} {' '.join(p.cmdline())[:200]}")
-        except psutil.NoSuchProcess:
-            continue
-    return left
 
 
 def _lab_env() -> dict[str, str]:
@@ -73,4 +61,4 @@ def test_sighup_stops_hil_run_and_every_process_of_it(tmp_path):
     assert_nothing_lost(files)
     assert len(seen) >= 2, seen  # the pytest child and at least one engine-side process
     time.sleep(2)  # the engines' own exits (they die with pytest) settle
-    assert not _alive(seen), _alive(seen)
+    assert not alive(seen), alive(seen)

@@ -25,23 +25,12 @@ import pytest
 
 from tests.bad_input import assert_nothing_lost, earlier_run
 from tests.e2e.slow_collection import MARKER_ENV
+from tests.processes import alive
 from tests.suite_runner import ROOT
 
 pytestmark = pytest.mark.e2e  # a real hil run and its child pytest (no engine)
 
 STOP_LINE = re.compile(r"^hil( run)?: (stopped|interrupted) by ")
-
-
-def _alive(pids: set[int]) -> list[str]:
-    left = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{pid} {' '.join(p.cmdline())[:200]}")
-        except psutil.NoSuchProcess:
-            continue
-    return left
 
 
 def _of_this_run(reports) -> list[str]:
@@ -110,5 +99,5 @@ def test_a_stop_at_the_start_of_hil_run_says_one_line_and_leaves_nothing(tmp_pat
     assert_nothing_lost(files)
     assert not list(reports.glob(".run-*")), sorted(reports.iterdir())
     time.sleep(1)  # a child's own exit settles
-    assert not _alive(seen), _alive(seen)
+    assert not alive(seen), alive(seen)
     assert not _of_this_run(reports), _of_this_run(reports)

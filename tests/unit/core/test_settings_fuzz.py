@@ -18,6 +18,7 @@ from harness.core.paths import REPO_ROOT
 from harness.core.settings import MAX_LOGPROBS, VARIABLES, SettingError, env_value, parse
 from harness.core.settings.values import FLAG_FALSE, FLAG_TRUE, shown
 from harness.plugin.options import OPTIONS, EnvProblem, argparse_type, env_default
+from tests.bad_input import env_refuses
 
 # Text an environment can hold (no NUL, no lone surrogates) and numbers written every way.
 ENV_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
@@ -145,19 +146,11 @@ CHECKED = [v for v in USER_VARIABLES
            and not v.name.startswith("HIL_CARD_HOST_")]
 
 
-def _refused(name: str, raw: str) -> bool:
-    try:
-        env_value(name, {name: raw})
-    except SettingError:
-        return True
-    return False
-
-
 @settings(max_examples=4, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(var=st.sampled_from(CHECKED), raw=st.one_of(ENV_TEXT, NUMBERS))
 def test_a_child_pytest_refuses_a_random_bad_variable(tmp_path, var, raw):
-    assume(raw.strip() and _refused(var.name, raw))
+    assume(raw.strip() and env_refuses(var.name, raw))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HIL_")}
     env[var.name] = raw
     reports = tmp_path / "reports"

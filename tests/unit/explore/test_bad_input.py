@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from harness import cli
-from harness.core.settings import VARIABLES, SettingError, env_value
+from harness.core.settings import VARIABLES
 from harness.explore import command
 from harness.session.build import BadSetting, check_environment
 from harness.targets import kind
-from tests.bad_input import INV, write
+from tests.bad_input import INV, env_refuses, write
 
 SCREEN = 25  # lines: a refusal a person reads at once
 EARLIER = {
@@ -359,14 +359,6 @@ ENV_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_charact
                    min_size=1, max_size=20)
 
 
-def _refused(name: str, raw: str) -> bool:
-    try:
-        env_value(name, {name: raw})
-    except SettingError:
-        return True
-    return False
-
-
 @settings(max_examples=80, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(var=st.sampled_from(CHECKED), raw=st.one_of(ENV_TEXT, st.sampled_from(
@@ -381,7 +373,7 @@ def test_a_random_variable_is_refused_by_hil_explore_exactly_when_pytest_refuses
         m.setenv(var.name, raw)
         code, output = run(explore_argv(tmp), capsys)
     assert "Traceback" not in output and len(output.splitlines()) <= SCREEN, output
-    if _refused(var.name, raw):
+    if env_refuses(var.name, raw):
         assert code == 2 and f"hil explore: env {var.name}" in output, output
         assert not clean_environment
         assert snapshot(tmp / "reports") == {str(p.relative_to(tmp / "reports")): d
