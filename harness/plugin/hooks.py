@@ -20,6 +20,7 @@ from harness.plugin import (
     geometries,
     ordering,
     outputs,
+    reports_hold,
     selection,
     stack_variants,
     summary,
@@ -52,6 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
     engine_setup.check_stack(config)
     ordering.load_shard_and_quarantine(config)
     engine_setup.check_inventory(config)
+    # Last: a run refused above has not touched its reports folder; one that goes ahead
+    # holds it until its session ends (a second run into it is refused here).
+    reports_hold.hold_reports(config)
     outputs.end_on_sigterm(config)
 
 

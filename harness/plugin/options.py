@@ -47,10 +47,8 @@ from harness.engine.host import CALL_TIMEOUT, START_TIMEOUT
 from harness.engine.pool import MAX_LIVE_ENGINES
 from harness.geometry.catalog import DEFAULT_GEOMETRY
 from harness.lab.lease_files import default_lease_dir
-from harness.plugin.invocation import is_worker, writes_nothing
 from harness.plugin.option_needs import PYTEST_NEEDS, on_command_line, refusal, unmet
 from harness.stacks.host import default_stack
-from harness.staging.run_folder import lock_holder
 from harness.targets import all_modes, engine_kinds, near_tie_tolerances, start_timeouts
 from harness.targets.variants import VARIANTS
 from harness.triage.budget import TRIAGE_BUDGET, TRIAGE_MAX
@@ -326,9 +324,9 @@ def check_settings(config: pytest.Config) -> None:
     option's variable its type refused (when the command line does not replace it), a set
     ``HIL_*`` variable of no option that its type refuses, a path option that does not
     name what it must (a folder the run can write in...), an option given without the one it
-    only means something beside (``check_needs``), and a reports folder a ``hil`` command
-    holds (``check_reports_free``). A --help or --version run is not refused: it reads no
-    setting."""
+    only means something beside (``check_needs``). A --help or --version run is not refused:
+    it reads no setting. (A reports folder another run holds is refused last, by
+    reports_hold.hold_reports, once every argument is accepted.)"""
     if config.getoption("help", False) or config.getoption("version", False):
         return
     for opt in OPTIONS:
@@ -351,7 +349,6 @@ def check_settings(config: pytest.Config) -> None:
         except SettingError as e:
             raise pytest.UsageError(str(e)) from None
     check_needs(config)
-    check_reports_free(config)
 
 
 def _variable_that_gave(opt: Option, args: list[str]) -> str | None:
@@ -373,22 +370,6 @@ def check_needs(config: pytest.Config) -> None:
     for need in unmet(PYTEST_NEEDS, values, defaults):
         variable = _variable_that_gave(BY_NAME[need.option], args)
         raise pytest.UsageError(refusal(need, values, variable))
-
-
-def check_reports_free(config: pytest.Config) -> None:
-    """Refuse a run into a reports folder that a ``hil`` command (``hil run``, ``hil
-    nightly``, ``hil report``) holds: its results would be mixed into that command's. The same
-    kernel lock the commands take (harness/staging/run_folder.py), only looked at: a run that
-    writes nothing, or an xdist worker (its controller looked), does not look."""
-    reports = config.getoption("--hil-reports-dir", None)
-    if not isinstance(reports, str) or not reports or is_worker(config):
-        return
-    holder = lock_holder(Path(reports))
-    if holder and not writes_nothing(config):
-        raise pytest.UsageError(
-            f"--hil-reports-dir {reports}: in use by {holder}; a run into it would mix its"
-            " results into that command's: wait for it to finish, or pass another"
-            " --hil-reports-dir")
 
 
 def add_cli_option(parser: argparse.ArgumentParser, name: str, flag: str | None = None,

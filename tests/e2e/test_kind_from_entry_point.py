@@ -99,7 +99,9 @@ def test_a_kind_declared_by_an_entry_point_runs_the_suites(site: Path, tmp_path:
 
     contract = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/unit/targets/test_kind_contract.py", "-k", NAME],
+         "tests/unit/targets/test_kind_contract.py", "-k", NAME,
+         # its own reports folder: the checkout's is this run's, held while it runs
+         f"--hil-reports-dir={tmp_path / 'contract-reports'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, **child_env(site)})
     assert contract.returncode == 0, (contract.stdout + contract.stderr)[-3000:]
