@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.core.verdict import Verdict
-from harness.explore.example import Example
+from harness.explore.example import Example, Identity
 from harness.triage.plan import REPEATS
 
 if TYPE_CHECKING:
     from harness.explore.runner import ExampleRunner, Outcome
-    from harness.explore.search import Identity
 
 CONFIRM_REPLAYS = REPEATS  # replays of a finding on fresh engines (--confirm): as triage's repeats
 

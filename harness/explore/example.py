@@ -210,3 +210,18 @@ def prompt_ids(tokenizer: Tokenizer, r: RequestShape, index: int, salt: int,
     own = prompt_of_length(tokenizer, f"{lead}Request number {index}. "
                            + _text(OWN_FILE)[:chars], max_model_len)
     return family[: r.shared] + own[: r.prompt_len - r.shared]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a finding depends on besides its example: the target variant, model, stack and
+    the faults injected."""
+
+    target: str
+    model: str
+    stack: str
+    faults: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "model": self.model, "stack": self.stack,
+                "faults": list(self.faults)}

@@ -6,77 +6,23 @@ The list is data: the entries of ``quarantine.toml`` that name an explorer verdi
 in one place. An example has no test id, so an entry tells its failure by the verdict: the
 check that failed, the target variants and stacks it is known on, a regular expression of the
 verdict's first line (``why``), and the conditions of the example it needs (``when``): each a
-name of ``CONDITIONS``, the closed set of conditions implemented here, once.
+name of ``CONDITIONS``, the closed set of conditions implemented once, in
+``harness.lab.known_conditions`` (the quarantine file's reader checks the names there).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
 from harness.core.verdict import Verdict
 from harness.explore.example import Example
+from harness.lab.known_conditions import CONDITIONS
 from harness.lab.quarantine import KnownFailure, load_known_verdicts
 
 # The check an engine's crash, hang or failed call during a run is filed as (by the runner).
 ENGINE_ERROR = "engine_error"
-
-_REQUEST = re.compile(r"\brequest (r\d+)\b")
-
-
-def _aborted(example: Example) -> set[str]:
-    return {f"r{i}" for i, r in enumerate(example.requests) if r.abort_after is not None}
-
-
-def aborts(verdict: Verdict, example: Example) -> bool:
-    """The example aborts a request."""
-    return bool(_aborted(example))
-
-
-def names_an_aborted_request(verdict: Verdict, example: Example) -> bool:
-    """The verdict's first line names a request the example aborts (the first it names)."""
-    named = _REQUEST.findall(verdict.why)
-    return bool(named) and named[0] in _aborted(example)
-
-
-_POOL_VS_DEVICE = re.compile(r"the pool has (\d+) blocks but the device's KV cache holds (\d+)")
-
-
-def override_rounded_down(verdict: Verdict, example: Example) -> bool:
-    """The device's KV cache is the pool rounded down to a multiple of max_num_seqs, and the
-    pool is not one (the verdict's first line gives both counts)."""
-    found = _POOL_VS_DEVICE.search(verdict.why)
-    if not found:
-        return False
-    pool, device = int(found.group(1)), int(found.group(2))
-    batch = example.geometry.max_num_seqs
-    return pool % batch != 0 and device == pool - pool % batch
-
-
-_OUT_OF_BOUNDS = re.compile(r"IndexError: index (\d+) is out of bounds for dimension 0 with"
-                            r" size (\d+)")
-
-
-def block_past_the_rounded_cache(verdict: Verdict, example: Example) -> bool:
-    """The runner indexed its KV cache, whose size is a multiple of max_num_seqs blocks, less
-    than a batch past its end (the verdict's first line gives the index and the size)."""
-    found = _OUT_OF_BOUNDS.search(verdict.why)
-    if not found:
-        return False
-    index, size = int(found.group(1)), int(found.group(2))
-    batch = example.geometry.max_num_seqs
-    return size % batch == 0 and size <= index < size + batch
-
-
-# The conditions an entry's ``when`` may name (a name not here is refused when the file is read).
-CONDITIONS: dict[str, Callable[[Verdict, Example], bool]] = {
-    "aborts": aborts,
-    "names_an_aborted_request": names_an_aborted_request,
-    "override_rounded_down": override_rounded_down,
-    "block_past_the_rounded_cache": block_past_the_rounded_cache,
-}
 
 
 def default_file() -> Path:

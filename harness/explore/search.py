@@ -41,7 +41,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
 
 from harness.explore.confirm import CONFIRM_REPLAYS, Finding, confirm
-from harness.explore.example import FORMAT, Example, RequestShape, geometry_of
+from harness.explore.example import FORMAT, Example, Identity, RequestShape, geometry_of
 from harness.explore.runner import FAILED, REJECTED, ExampleRunner, Outcome
 from harness.explore.strategies import (
     CHUNK_SIZES,
@@ -91,21 +91,6 @@ def failure_type(check: str) -> type[ExampleFailed]:
         name = "Failed_" + "".join(c if c.isalnum() else "_" for c in check)
         _FAILURE_TYPES[check] = type(name, (ExampleFailed,), {"check": check})
     return _FAILURE_TYPES[check]
-
-
-@dataclass(frozen=True)
-class Identity:
-    """What a finding depends on besides its example: the target variant, model, stack and
-    the faults injected."""
-
-    target: str
-    model: str
-    stack: str
-    faults: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "model": self.model, "stack": self.stack,
-                "faults": list(self.faults)}
 
 
 def cell_key(identity: Identity, geometry: Geometry | dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ kernels a stack picks on such hosts); on other hosts it is not judged either.
 An entry may instead (or also) name a verdict of ``hil explore``, which has no test id: its
 ``check`` (``kv_ledger.promises``), ``targets`` (target variant id prefixes, ``["spyre-"]``),
 ``why`` (a regular expression searched for in the verdict's first line) and ``when`` (named
-conditions of the example, ``harness.explore.known.CONDITIONS``); ``stacks`` and ``cpu_lacks``
+conditions of the example, ``harness.lab.known_conditions.CONDITIONS``); ``stacks`` and ``cpu_lacks``
 hold for it too. The suites read the entries that name a test (``load_quarantine``), the
 explorer those that name a check (``load_known_verdicts``); both check every entry.
 
@@ -58,7 +58,7 @@ class KnownFailure:
     cpu_lacks: tuple[str, ...] = ()
     # An explorer verdict it holds for (``check``; "" for none): on target variants whose id
     # starts with one of ``targets`` (all: ()), whose first line ``why`` (a regex) is found in
-    # (any: ""), where each named condition of ``when`` holds (harness.explore.known).
+    # (any: ""), where each named condition of ``when`` holds (harness.lab.known_conditions).
     check: str = ""
     targets: tuple[str, ...] = ()
     why: str = ""
@@ -73,7 +73,7 @@ class KnownFailure:
                           cpu_flags: frozenset[str] | None = None) -> bool:
         """Whether the entry holds for a failed explorer verdict of ``check`` whose first line
         is ``first_line``, on target variant ``variant`` and ``stack``: all but its named
-        conditions (``when``), which need the example (harness.explore.known judges them)."""
+        conditions (``when``), which need the example (harness.lab.known_conditions holds them; harness.explore.known judges a verdict by them)."""
         return (bool(self.check) and check == self.check
                 and (not self.targets or variant.startswith(self.targets))
                 and (not self.why or re.search(self.why, first_line) is not None)
@@ -196,7 +196,7 @@ def verdict_problem(entry: dict[str, Any]) -> str | None:
             return (f"why {entry['why']!r} is no regular expression ({e}); fix it (it is"
                     " searched for in the verdict's first line: escape ( [ . * + ? as \\( ...)")
     if "when" in entry:  # deferred imports: read for the entries of explorer verdicts only
-        from harness.explore.known import CONDITIONS
+        from harness.lab.known_conditions import CONDITIONS
 
         unknown = [c for c in entry["when"] if c not in CONDITIONS]
         if unknown:

@@ -14,8 +14,9 @@ from harness.core.paths import REPO_ROOT
 from harness.core.verdict import Verdict
 from harness.explore import known as known_module
 from harness.explore.example import Example, RequestShape, geometry_of
-from harness.explore.known import CONDITIONS, known_failure, load_known
+from harness.explore.known import known_failure, load_known
 from harness.explore.runner import FAILED, Outcome
+from harness.lab.known_conditions import CONDITIONS
 
 SHIPPED = REPO_ROOT / "quarantine.toml"
 KNOWN = load_known(SHIPPED)
