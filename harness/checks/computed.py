@@ -12,7 +12,10 @@ harness aborts it just before a step) computed what the steps before its abort r
 
 A request starts where its prefix-cache hit ends (``RequestTrace.num_cached_tokens``) and
 moves on by the tokens the executor ran for it (``StepRecord.executed``): ``position`` is its
-length now. A preempted request (``StepRecord.preempted``) frees its blocks and computes its
+length now. An aborted request's hit is what its prefill steps left unrun (``prompt_hit``):
+vLLM 0.28 keeps a request's hit in its prefill stats, which it hands to the request's first
+output, not on the scheduler's ``Request`` the harness reads an aborted request from, so the
+recorded ``num_cached_tokens`` of an aborted request is 0 whatever its hit was. A preempted request (``StepRecord.preempted``) frees its blocks and computes its
 tokens again when it runs again: from the start without prefix caching; with it, its blocks
 stay cached and vLLM serves it its own whole blocks (nothing the run cached is evicted: the
 checks that use this assume a pool that holds the run). It caches nothing new until it passes
@@ -32,6 +35,26 @@ def scheduler_pool(trace: Trace) -> KvSnapshot | None:
         for s in record.kv:
             if s.source == SOURCE_VLLM_SCHEDULER and s.block_size:
                 return s
+    return None
+
+
+def prompt_hit(trace: Trace, request_id: str, prompt: int) -> int | None:
+    """The prompt tokens of ``request_id`` its first prefill did not run (its prefix-cache
+    hit): its prompt less the tokens the executor ran for it at the steps that prefilled it
+    (``StepRecord.prefilled``), up to its first step that did not. None where a step that ran
+    it has no such record, or it was preempted or aborted before its prompt was all run."""
+    ran = 0
+    for record in trace.steps:
+        if request_id in record.preempted:
+            return None
+        n = record.executed.get(request_id, 0)
+        if not n:
+            continue
+        if record.prefilled is None:
+            return None
+        if request_id not in record.prefilled:
+            return prompt - ran if 0 <= prompt - ran <= prompt else None
+        ran += n
     return None
 
 
@@ -55,7 +78,12 @@ class ComputedTokens:
     def of(cls, trace: Trace) -> ComputedTokens:
         """For every request ``trace`` ran (``Trace.ran``), in its scheduler's pool."""
         pool = scheduler_pool(trace)
-        return cls({r: t.num_cached_tokens for r, t in trace.ran().items()},
+        cached = {r: t.num_cached_tokens for r, t in trace.ran().items()}
+        for r, t in trace.aborted.items():
+            hit = prompt_hit(trace, r, len(t.prompt_token_ids))
+            if hit is not None:
+                cached[r] = hit
+        return cls(cached,
                    int(pool.block_size or 0) if pool is not None else 0,
                    pool is not None and pool.prefix_caching)
 

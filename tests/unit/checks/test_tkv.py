@@ -359,3 +359,27 @@ def test_a_preempted_request_is_as_long_as_it_computed_again():
     trace = run.trace()
     v = [x for x in tkv_violations(trace) if x.invariant == "runner_tkv"]
     assert v == []
+
+
+def test_an_aborted_request_is_as_long_as_its_prefix_cache_hit_made_it():
+    # r3 (prompt 203) is served its first block from the cache: its prefill runs 128 + 11
+    # tokens. The engine reads an aborted request's hit as 0 (vLLM 0.28 keeps it in the
+    # request's prefill stats, not on the Request), so its length comes from what its prefill
+    # steps left unrun. At 211 tokens beside r4 at 97, r4 is left-padded by 2 blocks: 2 x 225
+    # = 450 is past the limit 448, and pausing r3 is right (a length 64 short gave TKV 161)
+    run = Run({"r3": 203, "r4": 89}, limit=448)
+    run.step({"r4": 89}).prefilled = ["r4"]
+    run.computed["r3"] = 64
+    run.step({"r3": 128}).prefilled = ["r3"]
+    run.step({"r3": 11}).prefilled = ["r3"]
+    for _ in range(7):
+        run.step({"r3": 1, "r4": 1}).prefilled = []
+    run.step({"r4": 1}, paused=("r3",)).prefilled = []
+    trace = run.trace()
+    gone = trace.requests.pop("r3")
+    gone.aborted_at, gone.num_cached_tokens = len(run.steps), 0
+    trace.aborted = {"r3": gone}
+    assert tkv_violations(trace) == []
+    # with r3 given room, the same pause is flagged
+    trace.info["max_batch_tkv_limit"] = 450
+    assert names(tkv_violations(trace)) == ["paused_with_room"]
