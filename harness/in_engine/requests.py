@@ -65,6 +65,14 @@ def prefill_ids(before: dict[str, tuple[int, int]] | None, scheduled: Any) -> li
                   if n and r in before and before[r][0] < before[r][1])
 
 
+def _cache_hit(req: Any, state: Any) -> int:
+    """The prompt tokens served to ``req`` from the prefix cache: the engine's request holds
+    them where it has the field (vLLM 0.17: -1 until first scheduled); vLLM 0.28's has none,
+    its output processor's request state keeps what the first output's prefill stats said."""
+    hit = getattr(req, "num_cached_tokens", None)
+    if hit is None:
+        hit = getattr(state, "num_cached_tokens", 0)
+    return max(0, int(hit or 0))
 
 
 def aborted_traces(scheduler: Any, states: Any, aborted: Collection[str],
@@ -79,14 +87,15 @@ def aborted_traces(scheduler: Any, states: Any, aborted: Collection[str],
         sid = scenario_id(str(rid))
         if sid not in aborted:
             continue
-        processor = getattr((states or {}).get(rid), "logprobs_processor", None)
+        state = (states or {}).get(rid)
+        processor = getattr(state, "logprobs_processor", None)
         out[sid] = RequestTrace(
             request_id=sid,
             prompt_token_ids=[int(t) for t in req.prompt_token_ids or ()],
             steps=_token_steps(req.output_token_ids, getattr(processor, "logprobs", None)),
             num_preemptions=int(getattr(req, "num_preemptions", 0) or 0),
             finish_reason="abort",
-            num_cached_tokens=max(0, int(getattr(req, "num_cached_tokens", 0) or 0)),
+            num_cached_tokens=_cache_hit(req, state),
             max_tokens=getattr(getattr(req, "sampling_params", None), "max_tokens", None),
             aborted_at=step,
         )

@@ -33,3 +33,13 @@ def test_a_request_not_yet_scheduled_reports_no_cache_hit():
         prompt_token_ids=[1], output_token_ids=[], num_cached_tokens=-1)})
     got = aborted_traces(scheduler, None, {"r0"}, str, 0)
     assert got["r0"].num_cached_tokens == 0 and got["r0"].steps == []
+
+
+def test_the_cache_hit_comes_from_the_output_state_where_the_request_has_no_field():
+    # vLLM 0.28: Request has no num_cached_tokens; the first output's prefill stats put the
+    # hit into the output processor's request state
+    scheduler = SimpleNamespace(requests={"r0": SimpleNamespace(
+        prompt_token_ids=[1] * 203, output_token_ids=[5, 6])})
+    states = {"r0": SimpleNamespace(num_cached_tokens=64, logprobs_processor=None)}
+    got = aborted_traces(scheduler, states, {"r0"}, str, 20)
+    assert got["r0"].num_cached_tokens == 64
